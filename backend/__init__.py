@@ -1,0 +1,1 @@
+"""kvfence backend: a torch inference server whose KV pool is reachable only through signed handles."""

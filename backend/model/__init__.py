@@ -1,0 +1,1 @@
+"""The torch side: the Llama decoder, its loaders and the tokenizer."""

@@ -1,0 +1,1 @@
+"""kvfence gateway: authenticate tenants, derive namespaces, scope and audit every backend call."""

@@ -1,0 +1,65 @@
+"""The `kvfence` command. Each subcommand lives in the module that owns it and is imported only
+when chosen, so a gateway-only install never imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import Protocol, cast
+
+# subcommand -> (module, one-line help). Each module defines
+# `configure(parser: argparse.ArgumentParser) -> None` and `main(args: argparse.Namespace) -> int`.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "gateway": ("gateway.cli", "run the gateway in front of the backends a policy names"),
+    "policy": ("gateway.policy_cli", "check a policy file"),
+    "keys": ("kvfence.keys_cli", "mint tenant API keys and Ed25519 key pairs"),
+    "backend": ("backend.cli", "run the kvfence inference backend"),
+    "audit": ("gateway.audit_cli", "verify a tamper-evident audit log"),
+}
+
+
+class _Command(Protocol):
+    def configure(self, parser: argparse.ArgumentParser) -> None: ...
+    def main(self, args: argparse.Namespace) -> int: ...
+
+
+def _usage() -> str:
+    lines = ["usage: kvfence COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<9} {text}" for name, (_, text) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0 if argv else 2
+    if argv[0] in {"-V", "--version"}:
+        from kvfence import __version__
+
+        print(f"kvfence {__version__}")
+        return 0
+    name = argv[0]
+    if name not in COMMANDS:
+        print(f"kvfence: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, text = COMMANDS[name]
+    try:
+        module = cast(_Command, importlib.import_module(module_name))
+    except ImportError as exc:
+        extra = "backend" if module_name.startswith("backend") else "gateway"
+        print(
+            f"kvfence {name}: missing dependency ({exc.name}); install kvfence[{extra}]",
+            file=sys.stderr,
+        )
+        return 2
+    parser = argparse.ArgumentParser(prog=f"kvfence {name}", description=text)
+    module.configure(parser)
+    args = parser.parse_args(argv[1:])
+    return module.main(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
