@@ -1,0 +1,50 @@
+"""What the scheduler hands the model runner for one step, and the runner's contract.
+
+Invariant: a chunk's block table covers every position the chunk reads or writes; positions below
+`start` are already in the KV pool, and `zero_blocks` are zeroed before anything is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One sequence's share of one step: compute the KV of `token_ids` at positions
+    [start, start + len(token_ids)), attending to positions [0, start + len(token_ids))."""
+
+    seq_id: int
+    token_ids: tuple[int, ...]
+    start: int
+    block_table: tuple[int, ...]
+    sample: bool  # True when the chunk ends at the sequence's last token: sample the next one
+    sampling: SamplingParams
+    num_generated: int  # tokens generated so far; with a seed, sampling depends only on it
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    chunks: tuple[Chunk, ...]
+    zero_blocks: tuple[int, ...] = ()
+
+
+class Runner(Protocol):
+    """Executes step plans on a model. Only implementation that touches torch: backend.runner."""
+
+    block_size: int
+    num_blocks: int
+
+    def execute(self, plan: StepPlan) -> dict[int, int]:
+        """Run one step; return seq_id -> sampled token id for every chunk with `sample`."""
+        ...
