@@ -1,1 +1,2 @@
-"""kvfence backend: a torch inference server whose KV pool is reachable only through signed handles."""
+"""kvfence backend: a torch inference server whose KV pool is reachable only through signed
+handles."""
