@@ -14,7 +14,8 @@ from typing import Protocol, cast
 COMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("gateway.cli", "run the gateway in front of the backends a policy names"),
     "policy": ("gateway.policy_cli", "check a policy file"),
-    "keys": ("kvfence.keys_cli", "mint tenant API keys and Ed25519 key pairs"),
+    "keys": ("kvfence.keys_cli", "mint a tenant API key and print its policy digest"),
+    "keygen": ("kvfence.keygen_cli", "create an Ed25519 key pair for handles or attestations"),
     "backend": ("backend.cli", "run the kvfence inference backend"),
     "audit": ("gateway.audit_cli", "verify a tamper-evident audit log"),
 }
