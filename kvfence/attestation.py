@@ -1,0 +1,135 @@
+"""Attestations: the backend's signed statement of which namespaces' blocks a response used.
+
+Invariant: an `Attestation` exists only for a token whose signature verified under a trusted
+backend key; `check_attestation` is the one place that turns it into a verdict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from kvfence.handle import Clock, TokenError, claim, open_token, sign_token
+from kvfence.keyfile import TrustStore, check_key_id
+
+ATTESTATION_PREFIX: Final = "kva1"
+
+
+class AttestationError(TokenError):
+    """The attestation is missing, malformed, signed by an unknown key, does not verify, or
+    comes from another backend. The gateway answers 502 (the upstream misbehaved)."""
+
+    status = 502
+
+
+class Verdict(StrEnum):
+    CLEAN = "clean"  # signed, for this request, only the request's namespace
+    VIOLATION = "violation"  # a block from another namespace was used
+    MISMATCH = "mismatch"  # signed, but for another request id or namespace
+
+
+@dataclass(frozen=True, slots=True)
+class Attestation:
+    backend_id: str
+    key_id: str
+    request_id: str
+    namespace: str
+    prompt_tokens: int
+    cached_tokens: int
+    block_namespaces: frozenset[str]
+    issued_at: float
+    token_digest: str  # sha256 hex of the token text
+
+    def digest(self) -> str:
+        return self.token_digest
+
+
+class AttestationSigner:
+    """Signs attestations with the backend's own key. Thread-safe."""
+
+    def __init__(
+        self,
+        private_key: Ed25519PrivateKey,
+        key_id: str,
+        backend_id: str,
+        clock: Clock = time.time,
+    ) -> None:
+        if not backend_id:
+            raise ValueError("backend_id must be non-empty")
+        self._key = private_key
+        self.key_id = check_key_id(key_id)
+        self.backend_id = backend_id
+        self._clock = clock
+
+    def sign(
+        self,
+        request_id: str,
+        namespace: str,
+        prompt_tokens: int,
+        cached_tokens: int,
+        block_namespaces: Iterable[str],
+    ) -> str:
+        if not 0 <= cached_tokens <= prompt_tokens:
+            raise ValueError("need 0 <= cached_tokens <= prompt_tokens")
+        claims = {
+            "v": 1,
+            "typ": "attestation",
+            "kid": self.key_id,
+            "bid": self.backend_id,
+            "rid": request_id,
+            "ns": namespace,
+            "pt": prompt_tokens,
+            "ct": cached_tokens,
+            "bns": sorted(set(block_namespaces)),
+            "iat": round(self._clock(), 3),
+        }
+        return sign_token(ATTESTATION_PREFIX, claims, self._key)
+
+
+class AttestationVerifier:
+    """Verifies attestations against the backend keys a policy trusts; optionally pins the
+    backend id the attestation must name."""
+
+    def __init__(self, trust: TrustStore, backend_id: str | None = None) -> None:
+        self._trust = trust
+        self.backend_id = backend_id
+
+    def verify(self, token: str | None) -> Attestation:
+        if not token:
+            raise AttestationError("missing", "no attestation")
+        claims = open_token(ATTESTATION_PREFIX, token, self._trust, AttestationError)
+        if claims.get("v") != 1 or claims.get("typ") != "attestation":
+            raise AttestationError("malformed", "unsupported version or type")
+        backend_id = claim(claims, "bid", str, AttestationError)
+        if self.backend_id is not None and backend_id != self.backend_id:
+            raise AttestationError("wrong_backend", "attestation from another backend")
+        names = claim(claims, "bns", list, AttestationError)
+        if not all(isinstance(name, str) for name in names):
+            raise AttestationError("malformed", "block namespaces must be strings")
+        return Attestation(
+            backend_id=backend_id,
+            key_id=claims["kid"],
+            request_id=claim(claims, "rid", str, AttestationError),
+            namespace=claim(claims, "ns", str, AttestationError),
+            prompt_tokens=claim(claims, "pt", int, AttestationError),
+            cached_tokens=claim(claims, "ct", int, AttestationError),
+            block_namespaces=frozenset(names),
+            issued_at=float(claim(claims, "iat", (int, float), AttestationError)),
+            token_digest=hashlib.sha256(token.encode("ascii")).hexdigest(),
+        )
+
+
+def check_attestation(att: Attestation, request_id: str, namespace: str) -> Verdict:
+    """MISMATCH when the attestation is about another request or namespace; VIOLATION when any
+    block it used belongs to a namespace other than the request's; else CLEAN."""
+    if att.request_id != request_id or att.namespace != namespace:
+        return Verdict.MISMATCH
+    if any(name != namespace for name in att.block_namespaces):
+        return Verdict.VIOLATION
+    return Verdict.CLEAN
