@@ -1,0 +1,245 @@
+"""The KV block pool's bookkeeping: free list, reference counts, owners, quotas, cached blocks.
+
+Invariant: every block is exactly one of free, used (referenced) or cached-idle; a block is only
+referenced from the namespace that filled it; a block that changes namespace is zeroed first.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from backend.engine.prefix_cache import BlockHash, PrefixIndex
+from kvfence.capability import Namespace
+
+
+class AllocationError(Exception):
+    """No blocks can be given to this namespace right now."""
+
+
+class OutOfBlocksError(AllocationError):
+    """The pool has too few free or evictable blocks."""
+
+
+class QuotaExceededError(AllocationError):
+    """The namespace would hold more than its share of the pool."""
+
+
+class IntegrityError(AssertionError):
+    """The pool's bookkeeping is inconsistent (a bug)."""
+
+
+class _Block:
+    __slots__ = ("hash", "owner", "readers", "ref", "tokens")
+
+    def __init__(self) -> None:
+        self.owner: Namespace | None = None  # the namespace that last filled this block
+        self.ref = 0
+        self.readers: dict[Namespace, int] = {}
+        self.hash: BlockHash | None = None
+        self.tokens: tuple[int, ...] = ()
+
+
+class BlockPool:
+    """Fixed-size blocks handed out per namespace; cached full blocks are reusable by hash."""
+
+    def __init__(
+        self, num_blocks: int, block_size: int, *, quota: float = 1.0, zero_on_reuse: bool = True
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        if not 0.0 < quota <= 1.0:
+            raise ValueError("quota must be in (0, 1]")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.zero_on_reuse = zero_on_reuse
+        self._limit = max(1, int(quota * num_blocks))
+        self._blocks = [_Block() for _ in range(num_blocks)]
+        self._free: deque[int] = deque(range(num_blocks))
+        self._index = PrefixIndex()
+        self._held: dict[Namespace, int] = {}  # blocks owned and used or cached, per namespace
+        self._used = 0
+        self._zero: list[int] = []
+
+    def capacity(self, namespace: Namespace) -> int:
+        """The most blocks one namespace may hold at once."""
+        return self._limit
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self._used
+
+    @property
+    def num_cached_idle(self) -> int:
+        return self._index.idle_count()
+
+    def held(self) -> dict[Namespace, int]:
+        return dict(self._held)
+
+    def owner(self, block_id: int) -> Namespace:
+        owner = self._blocks[block_id].owner
+        if owner is None:
+            raise ValueError(f"block {block_id} was never filled")
+        return owner
+
+    def take_zero_blocks(self) -> tuple[int, ...]:
+        """Blocks allocated across namespaces since the last call; zero them before writing."""
+        zero, self._zero = tuple(self._zero), []
+        return zero
+
+    def allocate(self, namespace: Namespace, n: int) -> list[int]:
+        """n fresh blocks for namespace, each with one reference; all or nothing."""
+        over = self._held.get(namespace, 0) + n - self._limit
+        if over > self._index.idle_count(namespace):
+            raise QuotaExceededError(f"namespace #{namespace.digest} is at its block quota")
+        if n > len(self._free) + self._index.idle_count():
+            raise OutOfBlocksError("no free blocks")
+        for _ in range(max(0, over)):
+            self._evict(self._index.oldest_idle(namespace))
+        out = []
+        for _ in range(n):
+            if not self._free:
+                self._evict(self._index.oldest_idle())
+            block_id = self._free.popleft()
+            block = self._blocks[block_id]
+            if self.zero_on_reuse and block.owner is not None and block.owner != namespace:
+                self._zero.append(block_id)
+            block.owner = namespace
+            block.ref = 1
+            block.readers = {namespace: 1}
+            out.append(block_id)
+        self._held[namespace] = self._held.get(namespace, 0) + n
+        self._used += n
+        return out
+
+    def _evict(self, block_id: int | None) -> None:
+        if block_id is None:
+            raise IntegrityError("eviction found no idle block")
+        block = self._blocks[block_id]
+        assert block.hash is not None and block.owner is not None
+        self._index.remove(block.hash, block_id, block.owner)
+        block.hash = None
+        block.tokens = ()
+        self._to_free(block_id, block.owner)
+
+    def _to_free(self, block_id: int, owner: Namespace) -> None:
+        self._free.append(block_id)
+        left = self._held[owner] - 1
+        if left:
+            self._held[owner] = left
+        else:
+            del self._held[owner]
+
+    def lookup(self, namespace: Namespace, h: BlockHash, token_ids: Sequence[int]) -> int | None:
+        """The cached block for h, only if it was filled by namespace with exactly token_ids."""
+        block_id = self._index.get(h)
+        if block_id is None:
+            return None
+        block = self._blocks[block_id]
+        if block.owner != namespace or block.tokens != tuple(token_ids):
+            return None
+        return block_id
+
+    def acquire(self, block_id: int, reader: Namespace) -> None:
+        """Add a reference to a cached block (a prefix hit)."""
+        block = self._blocks[block_id]
+        if block.hash is None:
+            raise ValueError(f"block {block_id} is not cached")
+        if block.ref == 0:
+            assert block.owner is not None
+            self._index.mark_busy(block_id, block.owner)
+            self._used += 1
+        block.ref += 1
+        block.readers[reader] = block.readers.get(reader, 0) + 1
+
+    def release(self, block_id: int, reader: Namespace) -> None:
+        """Drop a reference; at zero the block becomes cached-idle (if indexed) or free."""
+        block = self._blocks[block_id]
+        count = block.readers.get(reader, 0)
+        if count == 0:
+            raise ValueError(f"block {block_id} holds no reference from #{reader.digest}")
+        if count == 1:
+            del block.readers[reader]
+        else:
+            block.readers[reader] = count - 1
+        block.ref -= 1
+        if block.ref:
+            return
+        self._used -= 1
+        assert block.owner is not None
+        if block.hash is None:
+            self._to_free(block_id, block.owner)
+        else:
+            self._index.mark_idle(block_id, block.owner)
+
+    def cache(self, block_id: int, h: BlockHash, token_ids: Sequence[int]) -> bool:
+        """Index a full, referenced block under h; False if h already names another block."""
+        block = self._blocks[block_id]
+        if len(token_ids) != self.block_size:
+            raise ValueError("only full blocks are cached")
+        if block.ref == 0 or block.hash is not None or block.owner is None:
+            raise ValueError(f"block {block_id} cannot be cached now")
+        if not self._index.insert(h, block_id, block.owner):
+            return False
+        block.hash = h
+        block.tokens = tuple(token_ids)
+        return True
+
+    def flush(self, namespace: Namespace) -> int:
+        """Drop every cached block of namespace from the index; idle ones are freed at once,
+        referenced ones when released. Returns how many blocks left the index."""
+        dropped = self._index.cached_blocks(namespace)
+        for block_id in dropped:
+            block = self._blocks[block_id]
+            if block.ref == 0:
+                self._evict(block_id)
+            else:
+                assert block.hash is not None
+                self._index.remove(block.hash, block_id, namespace)
+                block.hash = None
+                block.tokens = ()
+        return len(dropped)
+
+    def foreign_cached_block(self, namespace: Namespace) -> int | None:
+        """Some cached block filled by a namespace other than this one (fault injection only)."""
+        for other in self._index.namespaces():
+            if other != namespace:
+                return min(self._index.cached_blocks(other))
+        return None
+
+    def check_integrity(self) -> None:
+        """Raise IntegrityError unless every invariant of the pool holds (O(num_blocks))."""
+        free = set(self._free)
+        _require(len(free) == len(self._free), "a block is on the free list twice")
+        used = {i for i, b in enumerate(self._blocks) if b.ref > 0}
+        idle = {i for i, b in enumerate(self._blocks) if b.ref == 0 and i not in free}
+        _require(len(used) == self._used, "used count drifted")
+        _require(len(free) + len(used) + len(idle) == self.num_blocks, "free + used != total")
+        _require(not free & used, "a free block is referenced")
+        _require(len(idle) == self._index.idle_count(), "idle blocks and the LRU disagree")
+        held: dict[Namespace, int] = {}
+        for i, b in enumerate(self._blocks):
+            _require(b.ref == sum(b.readers.values()), f"block {i}: ref count != references")
+            _require(set(b.readers) <= {b.owner}, f"block {i} is reachable from two namespaces")
+            if i in free:
+                _require(b.hash is None, f"free block {i} is still cached")
+                continue
+            assert b.owner is not None
+            held[b.owner] = held.get(b.owner, 0) + 1
+            _require(b.ref > 0 or b.hash is not None, f"idle block {i} is not cached")
+            _require(b.ref > 0 or self._index.is_idle(i), f"idle block {i} missing from LRU")
+            if b.hash is not None:
+                _require(self._index.get(b.hash) == i, f"block {i}: hash not indexed")
+                _require(i in self._index.cached_blocks(b.owner), f"block {i}: wrong namespace")
+        _require(len(self._index) == sum(b.hash is not None for b in self._blocks), "stale hash")
+        _require(held == self._held, "per-namespace block counts drifted")
+        _require(all(n <= self._limit for n in held.values()), "a namespace is over its quota")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise IntegrityError(message)

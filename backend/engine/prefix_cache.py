@@ -1,0 +1,125 @@
+"""Block hashes and the prefix-cache index: which full block holds which hash, and LRU order.
+
+Invariant: a chain of block hashes starts at a root derived from one namespace, so two namespaces
+never share a hash; the index maps each hash to at most one block and each cached block to one hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import NewType
+
+from kvfence.capability import Namespace
+
+BlockHash = NewType("BlockHash", bytes)
+
+_ROOT_DOMAIN = b"kvfence.prefix-root.v1\x00"
+_BLOCK_DOMAIN = b"kvfence.block-hash.v1\x00"
+_MAX_TOKEN_ID = 2**32 - 1
+
+
+def namespace_root(namespace: Namespace) -> BlockHash:
+    """The parent hash of a namespace's first block (domain-separated from block hashes)."""
+    return BlockHash(hashlib.sha256(_ROOT_DOMAIN + namespace.value.encode()).digest())
+
+
+def encode_tokens(token_ids: Sequence[int]) -> bytes:
+    """Token ids as fixed-width (4-byte) little-endian unsigned integers."""
+    if any(t < 0 or t > _MAX_TOKEN_ID for t in token_ids):
+        raise ValueError("token id out of range for the block hash encoding")
+    return struct.pack(f"<{len(token_ids)}I", *token_ids)
+
+
+def block_hash(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
+    """SHA-256 over the parent hash and this block's token ids."""
+    return BlockHash(hashlib.sha256(_BLOCK_DOMAIN + parent + encode_tokens(token_ids)).digest())
+
+
+def chain_hashes(
+    namespace: Namespace, token_ids: Sequence[int], block_size: int, start: list[BlockHash]
+) -> list[BlockHash]:
+    """Extend `start` (hashes of the first full blocks) to cover every full block of token_ids."""
+    hashes = start
+    full = len(token_ids) // block_size
+    parent = hashes[-1] if hashes else namespace_root(namespace)
+    for i in range(len(hashes), full):
+        parent = block_hash(parent, token_ids[i * block_size : (i + 1) * block_size])
+        hashes.append(parent)
+    return hashes
+
+
+class PrefixIndex:
+    """Hash -> block id for cached blocks, per-namespace membership, and LRU order of idle ones.
+
+    A cached block is idle when no sequence references it; only idle blocks are evictable.
+    """
+
+    __slots__ = ("_by_hash", "_by_namespace", "_idle", "_idle_by_namespace")
+
+    def __init__(self) -> None:
+        self._by_hash: dict[BlockHash, int] = {}
+        self._by_namespace: dict[Namespace, set[int]] = {}
+        self._idle: OrderedDict[int, Namespace] = OrderedDict()
+        self._idle_by_namespace: dict[Namespace, OrderedDict[int, None]] = {}
+
+    def get(self, h: BlockHash) -> int | None:
+        return self._by_hash.get(h)
+
+    def insert(self, h: BlockHash, block_id: int, namespace: Namespace) -> bool:
+        """Index a block under h; False when h is already held by another block."""
+        if h in self._by_hash:
+            return False
+        self._by_hash[h] = block_id
+        self._by_namespace.setdefault(namespace, set()).add(block_id)
+        return True
+
+    def remove(self, h: BlockHash, block_id: int, namespace: Namespace) -> None:
+        del self._by_hash[h]
+        members = self._by_namespace[namespace]
+        members.discard(block_id)
+        if not members:
+            del self._by_namespace[namespace]
+        self.mark_busy(block_id, namespace)
+
+    def mark_idle(self, block_id: int, namespace: Namespace) -> None:
+        """Put a cached block at the most-recently-used end of the LRU."""
+        self._idle[block_id] = namespace
+        self._idle_by_namespace.setdefault(namespace, OrderedDict())[block_id] = None
+
+    def mark_busy(self, block_id: int, namespace: Namespace) -> None:
+        if self._idle.pop(block_id, None) is None:
+            return
+        own = self._idle_by_namespace[namespace]
+        del own[block_id]
+        if not own:
+            del self._idle_by_namespace[namespace]
+
+    def oldest_idle(self, namespace: Namespace | None = None) -> int | None:
+        """The least recently used idle block, of `namespace` when given, else of anyone."""
+        order = self._idle if namespace is None else self._idle_by_namespace.get(namespace)
+        if not order:
+            return None
+        return next(iter(order))
+
+    def idle_count(self, namespace: Namespace | None = None) -> int:
+        if namespace is None:
+            return len(self._idle)
+        return len(self._idle_by_namespace.get(namespace, ()))
+
+    def is_idle(self, block_id: int) -> bool:
+        return block_id in self._idle
+
+    def cached_blocks(self, namespace: Namespace) -> frozenset[int]:
+        return frozenset(self._by_namespace.get(namespace, ()))
+
+    def namespaces(self) -> list[Namespace]:
+        return list(self._by_namespace)
+
+    def items(self) -> list[tuple[BlockHash, int]]:
+        return list(self._by_hash.items())
+
+    def __len__(self) -> int:
+        return len(self._by_hash)

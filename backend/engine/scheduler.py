@@ -1,0 +1,243 @@
+"""Continuous batching: which sequences run each step, with how many tokens, in which blocks.
+
+Invariant: every scheduled chunk's block table covers the positions it writes; a sequence only
+ever holds blocks of its own namespace (prefix hits are looked up by namespace); per-step work is
+proportional to the running sequences, never to the pool size.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import deque
+
+from backend.engine.block_pool import AllocationError, BlockPool, QuotaExceededError
+from backend.engine.plan import Chunk, StepPlan
+from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+class PromptTooLongError(ValueError):
+    """The prompt needs more blocks than its namespace may ever hold."""
+
+
+class Scheduler:
+    """Waiting queue (FIFO, preempted sequences first) and a running set ordered by arrival."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        *,
+        max_num_seqs: int,
+        max_step_tokens: int,
+        fault_foreign_block: bool = False,
+    ) -> None:
+        self.pool = pool
+        self.max_num_seqs = max_num_seqs
+        self.max_step_tokens = max_step_tokens
+        self._fault_foreign_block = fault_foreign_block
+        self._bs = pool.block_size
+        self._seqs: dict[int, Sequence] = {}
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[int] = []  # seq ids, ascending = oldest first
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def get(self, seq_id: int) -> Sequence | None:
+        return self._seqs.get(seq_id)
+
+    def add(self, seq: Sequence) -> None:
+        if -(-seq.num_tokens // self._bs) > self.pool.capacity(seq.namespace):
+            raise PromptTooLongError(
+                f"prompt of {seq.num_tokens} tokens exceeds the namespace's KV capacity"
+            )
+        seq.hash_full_blocks(self._bs)
+        self._seqs[seq.seq_id] = seq
+        self._waiting.append(seq)
+
+    def schedule(self) -> StepPlan:
+        budget = self.max_step_tokens
+        chunks: list[Chunk] = []
+        preempted = False
+        for seq_id in list(self._running):
+            seq = self._seqs[seq_id]
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            if n == 0:
+                break
+            if not self._reserve(seq, n):
+                preempted = True
+                continue
+            chunks.append(self._chunk(seq, n))
+            budget -= n
+        if not preempted:
+            self._admit(budget, chunks)
+        return StepPlan(tuple(chunks), self.pool.take_zero_blocks())
+
+    def _chunk(self, seq: Sequence, n: int) -> Chunk:
+        start = seq.num_computed
+        return Chunk(
+            seq_id=seq.seq_id,
+            token_ids=tuple(seq.token_ids[start : start + n]),
+            start=start,
+            block_table=tuple(seq.block_table),
+            sample=start + n == seq.num_tokens,
+            sampling=seq.sampling,
+            num_generated=seq.num_generated,
+        )
+
+    def _grow(self, seq: Sequence, n: int) -> None:
+        """Allocate the blocks seq needs to hold n more tokens (raises AllocationError)."""
+        need = -(-(seq.num_computed + n) // self._bs) - len(seq.block_table)
+        if need > 0:
+            seq.block_table.extend(self.pool.allocate(seq.namespace, need))
+            seq.block_namespaces.add(seq.namespace)
+
+    def _reserve(self, seq: Sequence, n: int) -> bool:
+        """Make room for a running sequence, preempting the newest ones; False if seq itself was."""
+        while True:
+            try:
+                self._grow(seq, n)
+                return True
+            except QuotaExceededError:
+                victim = self._newest_running(seq)
+            except AllocationError:
+                victim = self._newest_running(None)
+            self._preempt(victim)
+            if victim is seq:
+                return False
+
+    def _newest_running(self, same_namespace_as: Sequence | None) -> Sequence:
+        for seq_id in reversed(self._running):
+            seq = self._seqs[seq_id]
+            if same_namespace_as is None or seq.namespace == same_namespace_as.namespace:
+                return seq
+        raise AssertionError("a running sequence is always a candidate")
+
+    def _admit(self, budget: int, chunks: list[Chunk]) -> None:
+        """Admit waiting sequences in order; one over its namespace's quota is skipped, not
+        waited on, so a tenant at its quota cannot stall the others."""
+        candidates = list(itertools.islice(self._waiting, self.max_num_seqs))
+        for seq in candidates:
+            if budget == 0 or len(self._running) >= self.max_num_seqs:
+                return
+            if not seq.block_table:
+                self._apply_hits(seq)
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            try:
+                self._grow(seq, n)
+            except AllocationError as err:
+                self._release_all(seq)
+                if isinstance(err, QuotaExceededError):
+                    continue
+                return
+            self._waiting.remove(seq)
+            if not seq.admitted:
+                seq.admitted = True
+                seq.cached_tokens = seq.num_computed
+            seq.status = SequenceStatus.RUNNING
+            bisect.insort(self._running, seq.seq_id)
+            chunks.append(self._chunk(seq, n))
+            budget -= n
+
+    def _apply_hits(self, seq: Sequence) -> None:
+        """Map the longest cached prefix of full blocks; the last token is always recomputed."""
+        limit = min((seq.num_tokens - 1) // self._bs, len(seq.block_hashes))
+        for i in range(limit):
+            block_id = self.pool.lookup(
+                seq.namespace, seq.block_hashes[i], seq.block_tokens(i, self._bs)
+            )
+            if block_id is None:
+                break
+            self._map_cached(seq, block_id)
+        if self._fault_foreign_block and not seq.admitted and limit > 0:
+            self._inject_foreign_block(seq)
+        seq.num_computed = len(seq.block_table) * self._bs
+        seq.num_indexed_blocks = len(seq.block_table)
+
+    def _map_cached(self, seq: Sequence, block_id: int) -> None:
+        self.pool.acquire(block_id, seq.namespace)
+        seq.block_table.append(block_id)
+        seq.block_namespaces.add(self.pool.owner(block_id))
+
+    def _inject_foreign_block(self, seq: Sequence) -> None:
+        """TEST-ONLY fault: map another namespace's cached block as if it were a prefix hit."""
+        foreign = self.pool.foreign_cached_block(seq.namespace)
+        if foreign is None:
+            return
+        if seq.block_table:
+            self.pool.release(seq.block_table.pop(0), seq.namespace)
+        self.pool.acquire(foreign, seq.namespace)
+        seq.block_table.insert(0, foreign)
+        seq.block_namespaces.add(self.pool.owner(foreign))
+
+    def update(self, plan: StepPlan, sampled: dict[int, int]) -> list[tuple[Sequence, int]]:
+        """Apply a step's results: advance, index newly full blocks, append and stop-check."""
+        events: list[tuple[Sequence, int]] = []
+        for chunk in plan.chunks:
+            seq = self._seqs.get(chunk.seq_id)
+            if seq is None or seq.status is not SequenceStatus.RUNNING:
+                continue
+            seq.num_computed += len(chunk.token_ids)
+            self._index_full_blocks(seq)
+            if not chunk.sample:
+                continue
+            token = sampled[chunk.seq_id]
+            seq.token_ids.append(token)
+            seq.hash_full_blocks(self._bs)
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self.finish(seq.seq_id, reason)
+            events.append((seq, token))
+        return events
+
+    def _index_full_blocks(self, seq: Sequence) -> None:
+        full = seq.num_computed // self._bs
+        for i in range(seq.num_indexed_blocks, full):
+            tokens = seq.block_tokens(i, self._bs)
+            self.pool.cache(seq.block_table[i], seq.block_hashes[i], tokens)
+        seq.num_indexed_blocks = max(full, seq.num_indexed_blocks)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        if token in seq.stop_token_ids:
+            return "stop"
+        if seq.num_generated >= seq.sampling.max_tokens:
+            return "length"
+        if seq.num_tokens > self.pool.capacity(seq.namespace) * self._bs:
+            return "length"  # the next token could not be stored
+        return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._running.remove(seq.seq_id)
+        self._release_all(seq)
+        seq.status = SequenceStatus.WAITING
+        self._waiting.appendleft(seq)
+
+    def _release_all(self, seq: Sequence) -> None:
+        # Tail blocks first, so they sit at the cold end of the LRU and are evicted first.
+        for block_id in reversed(seq.block_table):
+            self.pool.release(block_id, seq.namespace)
+        seq.reset_progress()
+
+    def finish(self, seq_id: int, reason: FinishReason) -> bool:
+        """Stop a sequence and free its blocks at once; False if it is unknown or finished."""
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            return False
+        if seq.status is SequenceStatus.RUNNING:
+            self._running.remove(seq_id)
+        elif seq.status is SequenceStatus.WAITING:
+            self._waiting.remove(seq)
+        self._release_all(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        return True
