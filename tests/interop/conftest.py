@@ -1,0 +1,38 @@
+"""Interop fixtures: one real vLLM for the whole session, skipped when its environment is absent.
+
+Invariant: with KVFENCE_REQUIRE_VLLM=1 a missing vLLM environment fails the tests instead of
+skipping them, so CI that promises interop coverage cannot pass without it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.interop.vllm_server import missing_reason, running_vllm
+
+
+def _required() -> bool:
+    return os.environ.get("KVFENCE_REQUIRE_VLLM") == "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = missing_reason()
+    if reason is None or _required():
+        return
+    skip = pytest.mark.skip(reason=f"vLLM interop tests skipped: {reason}")
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def vllm_url() -> Iterator[str]:
+    """Base URL of a real vLLM serving SmolLM2 as `smollm2` with prefix caching on."""
+    reason = missing_reason()
+    if reason is not None:
+        pytest.fail(f"KVFENCE_REQUIRE_VLLM=1 but {reason}", pytrace=False)
+    with running_vllm() as url:
+        yield url

@@ -1,0 +1,174 @@
+"""A real vLLM scopes its prefix cache by `cache_salt` the way the vLLM adapter relies on.
+
+Each check pairs a positive control (the same salt hits) with the isolation claim (another salt
+misses), because with prefix caching off "another salt misses" would hold trivially.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import string
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from tests.interop.vllm_server import SERVED_MODEL
+
+pytestmark = pytest.mark.vllm
+
+BLOCK_TOKENS = 128  # vLLM's CPU backend caches whole blocks of this many tokens
+SALT_ALPHABET = string.ascii_letters + string.digits + "._-"
+WORDS = [
+    "river",
+    "stone",
+    "lantern",
+    "orbit",
+    "meadow",
+    "copper",
+    "violet",
+    "harbor",
+    "signal",
+    "tundra",
+    "maple",
+    "quartz",
+    "falcon",
+    "ember",
+    "glacier",
+    "saddle",
+    "thistle",
+    "canyon",
+    "beacon",
+    "walnut",
+    "prism",
+    "cobalt",
+    "willow",
+    "marble",
+]
+
+
+def fresh_prompt(words: int = 400) -> str:
+    """A prompt no earlier request can have cached: a random nonce first, then random words."""
+    rng = random.Random(secrets.randbits(64))
+    return secrets.token_hex(8) + " " + " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def new_salt() -> str:
+    return "t-" + secrets.token_urlsafe(16)
+
+
+async def complete(
+    http: aiohttp.ClientSession, url: str, prompt: str, salt: str | None
+) -> tuple[int, dict[str, Any]]:
+    body: dict[str, Any] = {"model": SERVED_MODEL, "prompt": prompt, "max_tokens": 1}
+    if salt is not None:
+        body["cache_salt"] = salt
+    async with http.post(f"{url}/v1/completions", json=body) as resp:
+        return resp.status, await resp.json()
+
+
+def cached_tokens(payload: dict[str, Any]) -> int:
+    details = payload["usage"]["prompt_tokens_details"]
+    assert details is not None, "vLLM must run with --enable-prompt-tokens-details"
+    return int(details["cached_tokens"])
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        yield session
+
+
+async def test_same_salt_hits_and_another_salt_misses(
+    vllm_url: str, http: aiohttp.ClientSession
+) -> None:
+    prompt, salt_a, salt_b = fresh_prompt(), new_salt(), new_salt()
+
+    status, first = await complete(http, vllm_url, prompt, salt_a)
+    assert status == 200
+    assert first["usage"]["prompt_tokens"] > 2 * BLOCK_TOKENS
+    assert cached_tokens(first) == 0
+
+    _, repeat = await complete(http, vllm_url, prompt, salt_a)
+    assert cached_tokens(repeat) >= 2 * BLOCK_TOKENS  # positive control: caching is on
+
+    _, other = await complete(http, vllm_url, prompt, salt_b)
+    assert cached_tokens(other) == 0  # isolation: A's blocks are unreachable under B's salt
+
+
+async def test_unsalted_request_does_not_reach_salted_blocks(
+    vllm_url: str, http: aiohttp.ClientSession
+) -> None:
+    prompt = fresh_prompt()
+    salt = new_salt()
+    await complete(http, vllm_url, prompt, salt)
+    _, hit = await complete(http, vllm_url, prompt, salt)
+    assert cached_tokens(hit) > 0
+    _, unsalted = await complete(http, vllm_url, prompt, None)
+    assert cached_tokens(unsalted) == 0
+
+
+@pytest.mark.parametrize(
+    "salt",
+    ["", "a" * 129, "tenant/acme", "tenant@acme", "tenant\\acme", "tenant\x00acme"],
+    ids=["empty", "129-chars", "slash", "at", "backslash", "nul"],
+)
+async def test_refuses_invalid_salts(vllm_url: str, http: aiohttp.ClientSession, salt: str) -> None:
+    status, payload = await complete(http, vllm_url, "hello", salt)
+    assert status == 400
+    assert "cache_salt" in orjson.dumps(payload).decode()
+
+
+async def test_accepts_gateway_alphabet_at_full_length(
+    vllm_url: str, http: aiohttp.ClientSession
+) -> None:
+    shuffled = "".join(random.sample(SALT_ALPHABET, len(SALT_ALPHABET)))
+    salt = (shuffled * 3)[:128]
+    assert set(salt) == set(SALT_ALPHABET)
+    prompt = fresh_prompt()
+    status, first = await complete(http, vllm_url, prompt, salt)
+    assert status == 200
+    _, repeat = await complete(http, vllm_url, prompt, salt)
+    assert cached_tokens(first) == 0
+    assert cached_tokens(repeat) > 0
+
+
+async def stream_chat(
+    http: aiohttp.ClientSession, url: str, prompt: str, salt: str
+) -> list[dict[str, Any]]:
+    body = {
+        "model": SERVED_MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "cache_salt": salt,
+    }
+    chunks: list[dict[str, Any]] = []
+    async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line.removeprefix(b"data:").strip()
+            if data == b"[DONE]":
+                break
+            chunks.append(orjson.loads(data))
+    return chunks
+
+
+async def test_streaming_reports_cached_tokens_in_final_usage_chunk(
+    vllm_url: str, http: aiohttp.ClientSession
+) -> None:
+    prompt, salt = fresh_prompt(), new_salt()
+    await stream_chat(http, vllm_url, prompt, salt)
+    chunks = await stream_chat(http, vllm_url, prompt, salt)
+
+    final = chunks[-1]
+    assert final["choices"] == []
+    assert cached_tokens(final) >= 2 * BLOCK_TOKENS
+    assert all(chunk.get("usage") is None for chunk in chunks[:-1])

@@ -1,0 +1,152 @@
+"""Starts a real vLLM OpenAI server from .venv-vllm on a free loopback port and stops it again.
+
+Invariant: `running_vllm` yields a base URL only after /health answered 200, and on exit no process
+it started is left running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+MODEL_DIR = REPO_ROOT / ".models" / "smollm2-hf"
+SERVED_MODEL = "smollm2"
+
+
+class VllmStartError(RuntimeError):
+    """vLLM exited or did not become healthy before the deadline; the message carries its log."""
+
+
+@dataclass(frozen=True, slots=True)
+class VllmConfig:
+    python: Path = VLLM_PYTHON
+    model_dir: Path = MODEL_DIR
+    served_model: str = SERVED_MODEL
+    kv_cache_gib: int = 2
+    max_model_len: int = 4096
+    ready_timeout_s: float = 300.0
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+
+def missing_reason(config: VllmConfig | None = None) -> str | None:
+    """Why vLLM cannot be started here, or None when its environment and model are present."""
+    cfg = config or VllmConfig()
+    if not cfg.python.is_file():
+        return f"{cfg.python} not found: run scripts/vllm-env"
+    if not (cfg.model_dir / "config.json").is_file():
+        return f"{cfg.model_dir}/config.json not found: run scripts/vllm-env"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def vllm_command(cfg: VllmConfig, port: int) -> list[str]:
+    return [
+        str(cfg.python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(cfg.model_dir),
+        "--served-model-name",
+        cfg.served_model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--enforce-eager",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        str(cfg.max_model_len),
+        *cfg.extra_args,
+    ]
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], base_url: str, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if _healthy(base_url):
+            return
+        # Waiting on the process doubles as the poll interval and notices an early exit at once.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            code = proc.wait(timeout=0.5)
+            raise VllmStartError(f"vLLM exited with status {code} before becoming healthy")
+    raise VllmStartError("vLLM did not answer /health before the deadline")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate vLLM's process group (the API server and its engine core), then reap it."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    # Children that outlived the leader still belong to its group.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _log_tail(log: Path, limit: int = 4000) -> str:
+    return log.read_text(errors="replace")[-limit:]
+
+
+@contextlib.contextmanager
+def running_vllm(config: VllmConfig | None = None) -> Iterator[str]:
+    """Run vLLM for the duration of the block; yields its base URL (http://127.0.0.1:PORT)."""
+    cfg = config or VllmConfig()
+    reason = missing_reason(cfg)
+    if reason is not None:
+        raise VllmStartError(reason)
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(cfg.kv_cache_gib))
+    with tempfile.TemporaryDirectory(prefix="kvfence-vllm-") as tmp:
+        log = Path(tmp) / "vllm.log"
+        with log.open("wb") as sink:
+            proc = subprocess.Popen(
+                vllm_command(cfg, port),
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=tmp,
+                start_new_session=True,
+            )
+        try:
+            try:
+                _wait_healthy(proc, base_url, time.monotonic() + cfg.ready_timeout_s)
+            except VllmStartError as exc:
+                raise VllmStartError(f"{exc}\n--- vLLM log tail ---\n{_log_tail(log)}") from None
+            yield base_url
+        finally:
+            _stop(proc)
