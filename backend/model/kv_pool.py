@@ -1,0 +1,98 @@
+"""The paged KV pool's tensors and the attention that reads and writes them.
+
+Invariant: K/V of token position p of a sequence live at flat slot
+table[p // block_size] * block_size + p % block_size of every layer; nothing else writes there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from backend.model.config import ModelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class AttnGroup:
+    """Sequences attended together: B sequences of S new tokens each, packed contiguously."""
+
+    rows: slice  # the group's queries in the packed step, ordered (b, s)
+    batch: int  # B
+    span: int  # S
+    gather: torch.Tensor  # [B, L] flat slots of the context each sequence reads
+    mask: torch.Tensor | None  # [B, 1, G*S or 1, L] bool, True = attend; None = attend to all
+
+
+class KVPool:
+    """Per-layer K and V tensors [num_blocks, block_size, n_kv_heads, head_dim], allocated once
+    as views of one tensor so a block can be zeroed across all layers in one operation."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.k_cache = list(self.k.unbind(0))
+        self.v_cache = list(self.v.unbind(0))
+        self.config = config
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+    def zero_blocks(self, ids: torch.Tensor) -> None:
+        """ids: [n] block ids (on the pool's device) -> those blocks hold zeros in every layer."""
+        self.k[:, ids] = 0
+        self.v[:, ids] = 0
+
+    def attention(self, slots: torch.Tensor, groups: list[AttnGroup]) -> PagedAttention:
+        return PagedAttention(self, slots, groups)
+
+
+class PagedAttention:
+    """One step's attention: writes the new K/V at `slots`, then attends each group over the
+    context gathered from the pool. Implements backend.model.llama.Attention."""
+
+    def __init__(self, pool: KVPool, slots: torch.Tensor, groups: list[AttnGroup]) -> None:
+        self.pool = pool
+        self.slots = slots  # [T]
+        self.groups = groups
+        cfg = pool.config
+        self.n_kv = cfg.n_kv_heads
+        self.group = cfg.group
+        self.d = cfg.head_dim
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        # q: [T, Hq, D]; k, v: [T, Hkv, D]
+        flat_k = self.pool.k_cache[layer].view(-1, self.n_kv, self.d)
+        flat_v = self.pool.v_cache[layer].view(-1, self.n_kv, self.d)
+        flat_k.index_copy_(0, self.slots, k)
+        flat_v.index_copy_(0, self.slots, v)
+        if len(self.groups) == 1:
+            return self._group(self.groups[0], q, flat_k, flat_v)
+        out = q.new_empty(q.shape[0], q.shape[1] * self.d)
+        for g in self.groups:
+            out[g.rows] = self._group(g, q[g.rows], flat_k, flat_v)
+        return out
+
+    def _group(
+        self, g: AttnGroup, q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor
+    ) -> torch.Tensor:
+        b, s, hkv, grp, d = g.batch, g.span, self.n_kv, self.group, self.d
+        # The G query heads sharing a KV head ride along the query axis: no K/V copies per head.
+        qg = q.view(b, s, hkv, grp, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, grp * s, d)
+        kg = flat_k[g.gather].transpose(1, 2)  # [B, Hkv, L, D]
+        vg = flat_v[g.gather].transpose(1, 2)
+        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask)  # [B, Hkv, G*S, D]
+        return o.view(b, hkv, grp, s, d).permute(0, 3, 1, 2, 4).reshape(b * s, hkv * grp * d)

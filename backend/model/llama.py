@@ -1,0 +1,136 @@
+"""The Llama decoder: GQA attention, rotary embeddings (rotate-half), RMSNorm, SwiGLU, tied
+embeddings. Attention over the KV pool is delegated to the caller, so this module owns only math.
+
+Invariant: Q/K weights here are in rotate-half layout (GGUF's interleaved layout is undone by
+the loader), and QKV and gate/up are fused along the output dimension.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from backend.model.config import ModelConfig
+
+
+class Attention(Protocol):
+    """Stores the new K/V of one layer and returns the attended values.
+
+    q: [T, Hq, D], k and v: [T, Hkv, D] (already rotated) -> [T, Hq * D]
+    """
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWeights:
+    attn_norm: torch.Tensor  # [H]
+    qkv: torch.Tensor  # [q_size + 2 * kv_size, H]
+    o: torch.Tensor  # [H, q_size]
+    ffn_norm: torch.Tensor  # [H]
+    gate_up: torch.Tensor  # [2 * F, H]
+    down: torch.Tensor  # [H, F]
+
+
+class Llama:
+    """Inference-only decoder over packed tokens (no batch dimension: [T] token ids)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        embed: torch.Tensor,
+        layers: list[LayerWeights],
+        norm: torch.Tensor,
+        lm_head: torch.Tensor | None,
+    ) -> None:
+        self.config = config
+        self.embed = embed  # [V, H]
+        self.layers = layers
+        self.norm = norm  # [H]
+        self.lm_head = embed if lm_head is None else lm_head  # [V, H]
+        self.device = embed.device
+        self.dtype = embed.dtype
+        self._cos, self._sin = _rope_tables(config, self.device)
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [T] -> cos, sin: [T, 1, D] in the model dtype."""
+        cos = self._cos[positions].to(self.dtype).unsqueeze(1)
+        sin = self._sin[positions].to(self.dtype).unsqueeze(1)
+        return cos, sin
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: Attention,
+        logits_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids, positions: [T]; logits_index: [N] rows to project -> logits [N, V] (fp32).
+
+        Without logits_index every row is projected ([T, V])."""
+        cfg = self.config
+        x = self.embed[input_ids]  # [T, H]
+        cos, sin = self.rope(positions)
+        t = x.shape[0]
+        n_qk = cfg.n_heads + cfg.n_kv_heads
+        for i, w in enumerate(self.layers):
+            h = F.rms_norm(x, (cfg.hidden,), w.attn_norm, cfg.rms_eps)
+            qkv = F.linear(h, w.qkv)  # [T, q_size + 2 kv_size]
+            qk = qkv[:, : cfg.q_size + cfg.kv_size].view(t, n_qk, cfg.head_dim)
+            qk = qk * cos + _rotate_half(qk) * sin  # [T, Hq + Hkv, D]
+            q = qk[:, : cfg.n_heads]
+            k = qk[:, cfg.n_heads :]
+            v = qkv[:, cfg.q_size + cfg.kv_size :].view(t, cfg.n_kv_heads, cfg.head_dim)
+            x = x + F.linear(attention(i, q, k, v), w.o)
+            h = F.rms_norm(x, (cfg.hidden,), w.ffn_norm, cfg.rms_eps)
+            gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w.down)
+        if logits_index is not None:
+            x = x[logits_index]
+        x = F.rms_norm(x, (cfg.hidden,), self.norm, cfg.rms_eps)
+        return F.linear(x, self.lm_head).float()
+
+    def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """One sequence without a KV pool (reference path): input_ids [S] -> logits [S, V]."""
+        positions = torch.arange(input_ids.shape[0], device=self.device)
+        return self.forward(input_ids, positions, DenseCausalAttention(self.config.group))
+
+
+class DenseCausalAttention:
+    """Causal attention over one whole sequence, no cache: the reference for the paged path."""
+
+    def __init__(self, group: int) -> None:
+        self.group = group
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        # q: [S, Hq, D]; k, v: [S, Hkv, D]
+        k = k.repeat_interleave(self.group, dim=1)
+        v = v.repeat_interleave(self.group, dim=1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
+        )  # [Hq, S, D]
+        return out.transpose(0, 1).reshape(q.shape[0], -1)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rope_tables(config: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: [max_positions, D] in fp32, halves duplicated for rotate-half."""
+    d = config.head_dim
+    inv_freq = 1.0 / (
+        config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d)
+    )
+    pos = torch.arange(config.max_positions, dtype=torch.float64, device=device)
+    angles = torch.outer(pos, inv_freq)  # [P, D/2]
+    angles = torch.cat((angles, angles), dim=-1)  # [P, D]
+    return angles.cos().float(), angles.sin().float()

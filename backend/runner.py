@@ -1,0 +1,78 @@
+"""Executes step plans on the loaded model over the paged KV pool: one forward pass per step
+for every chunk, prefill and decode together.
+
+Invariant: the KV pool is written only at the slots of a plan's chunks, after the plan's
+zero_blocks have been zeroed; every tensor lives on `runner.device`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backend.engine.plan import StepPlan
+from backend.model.kv_pool import KVPool
+from backend.model.load import LoadedModel
+from backend.model.sampler import sample
+from backend.model.step_inputs import build_step_inputs, validate_chunk
+
+
+class ModelRunner:
+    """Implements backend.engine.plan.Runner."""
+
+    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int = 16) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.loaded = loaded
+        self.model = loaded.model
+        self.device = loaded.device
+        self.dtype = loaded.dtype
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.pool = KVPool(loaded.config, num_blocks, block_size, self.device, self.dtype)
+        self._generator = torch.Generator(device=self.device)
+        self._generator.seed()
+
+    @property
+    def k_cache(self) -> list[torch.Tensor]:
+        """Per layer: [num_blocks, block_size, n_kv_heads, head_dim]."""
+        return self.pool.k_cache
+
+    @property
+    def v_cache(self) -> list[torch.Tensor]:
+        return self.pool.v_cache
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes held by the KV pool (K and V, all layers)."""
+        return self.pool.nbytes()
+
+    def zero_blocks(self, ids: tuple[int, ...] | list[int]) -> None:
+        if not ids:
+            return
+        if any(b < 0 or b >= self.num_blocks for b in ids):
+            raise ValueError("block id outside the pool")
+        self.pool.zero_blocks(torch.tensor(list(ids), device=self.device))
+
+    def execute(self, plan: StepPlan) -> dict[int, int]:
+        """Run one step; return seq_id -> sampled token for every chunk with `sample`."""
+        for chunk in plan.chunks:
+            validate_chunk(chunk, self.block_size, self.num_blocks)
+        with torch.inference_mode():
+            self.zero_blocks(plan.zero_blocks)
+            if not plan.chunks:
+                return {}
+            inputs = build_step_inputs(
+                plan.chunks, self.block_size, self.loaded.config.group, self.device
+            )
+            attention = self.pool.attention(inputs.slots, inputs.groups)
+            logits = self.model.forward(
+                inputs.input_ids, inputs.positions, attention, inputs.logits_index
+            )
+            if not inputs.sampled:
+                return {}
+            tokens = sample(
+                logits,
+                [c.sampling for c in inputs.sampled],
+                [c.num_generated for c in inputs.sampled],
+                self._generator,
+            )
+        return {c.seq_id: t for c, t in zip(inputs.sampled, tokens, strict=True)}
