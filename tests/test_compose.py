@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -79,17 +80,22 @@ def _dockerfile_stages(text: str) -> dict[str, dict[str, Any]]:
 STAGES = _dockerfile_stages(DOCKERFILE.read_text())
 
 
+def _import_or_skip(module_name: str) -> Any:
+    """The module, or a skip while it is not written yet; any other import error fails."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            pytest.skip(f"{module_name} is not written yet")
+        raise
+
+
 def _parse_kvfence_args(args: list[str]) -> argparse.Namespace:
     """Parse as `kvfence ARGS` would, with the subcommand's real parser; fail on exit."""
     name, rest = args[0], args[1:]
     assert name in COMMANDS, f"{name!r} is not a kvfence command ({sorted(COMMANDS)})"
     module_name, text = COMMANDS[name]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module_name.startswith(exc.name):
-            pytest.skip(f"{module_name} is not written yet")
-        raise
+    module = _import_or_skip(module_name)
     parser = argparse.ArgumentParser(prog=f"kvfence {name}", description=text)
     module.configure(parser)
     err = io.StringIO()
@@ -225,6 +231,48 @@ def test_every_service_has_a_health_check_on_its_own_port(name: str) -> None:
     if name == "gateway":
         assert path == "/readyz"
         assert service["depends_on"]["backend"]["condition"] == "service_healthy"
+
+
+def _setup_commands() -> str:
+    """The secret-making commands docker-compose.yml's header tells an operator to run."""
+    lines = COMPOSE_FILE.read_text().splitlines()
+    start = lines.index(
+        "#   mkdir -p .kvfence/compose && chmod 700 .kvfence/compose && cd .kvfence/compose"
+    )
+    end = lines.index("#   cd ../..", start)
+    return "\n".join(line.removeprefix("#   ") for line in lines[start:end])
+
+
+def test_documented_setup_makes_every_secret_and_the_policy_loads(tmp_path: Path) -> None:
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    script = "set -eu\n" + _setup_commands()
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    # Where compose would mount each secret from, rebased onto the temporary checkout.
+    files = {n: tmp_path / s["file"] for n, s in COMPOSE["secrets"].items()}
+    for name, path in files.items():
+        assert path.is_file(), f"the documented setup does not create secret {name}"
+        assert path.stat().st_mode & 0o077 == 0, f"secret {name} is readable by others"
+    keyfile = importlib.import_module("kvfence.keyfile")
+    keyfile.load_private_key(files["gateway_signing_key"])
+    keyfile.load_private_key(files["backend_signing_key"])
+    assert "backend-1" in keyfile.TrustStore.from_file(files["backend_trust"])
+    gateway_trust = keyfile.TrustStore.from_file(files["gateway_trust"])
+
+    load_policy = _import_or_skip("gateway.policy_load").load_policy
+    text = POLICY_FILE.read_text()
+    for name, path in files.items():
+        text = text.replace(SECRETS_DIR + name + "}", f"{path}}}")
+    unmounted = [f for f in _secret_refs(yaml.safe_load(text), "file") if SECRETS_DIR in f]
+    assert unmounted == [], "the policy names a secret compose does not declare"
+    local = tmp_path / "policy.yaml"
+    local.write_text(text)
+    policy = load_policy(local)
+    assert policy.gateway.handle_key is not None
+    assert policy.gateway.handle_key.id in gateway_trust, "the backend would refuse every handle"
+    assert {b.kind for b in policy.backends} == {"kvfence", "vllm"}
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
