@@ -1,0 +1,33 @@
+"""The adapter contract: one class per backend kind, registered in `registry.ADAPTERS`.
+
+Invariant: `inject` runs after every client-supplied cache-scoping input was removed, and it is
+the only code that writes a scoping field into an upstream request.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Final
+
+from gateway.policy import Backend
+
+CHAT: Final = "/v1/chat/completions"
+COMPLETIONS: Final = "/v1/completions"
+RESPONSES: Final = "/v1/responses"
+PROXIED_PATHS: Final = frozenset({CHAT, COMPLETIONS, RESPONSES})
+
+
+class Adapter(ABC):
+    """Scopes requests for one backend. Subclasses set `kind`, and `scoped = False` when the
+    backend cannot partition its cache (the policy then needs `allow_unscoped: true`)."""
+
+    kind: ClassVar[str]
+    scoped: ClassVar[bool] = True
+    paths: ClassVar[frozenset[str]] = PROXIED_PATHS
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    @abstractmethod
+    def inject(self, path: str, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
+        """Write namespace `ns` into the upstream body or headers for `path`."""

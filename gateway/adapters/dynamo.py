@@ -1,0 +1,14 @@
+"""NVIDIA Dynamo: the `x-tenant-id` header wins over body salts, so the namespace goes there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.adapters.base import Adapter
+
+
+class DynamoAdapter(Adapter):
+    kind = "dynamo"
+
+    def inject(self, path: str, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
+        headers["x-tenant-id"] = ns

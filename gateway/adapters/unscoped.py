@@ -1,0 +1,29 @@
+"""Backends that cannot partition their prefix cache; allowed only with `allow_unscoped: true`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.adapters.base import Adapter
+
+
+class UnscopedAdapter(Adapter):
+    """Injects nothing: isolation must come from one instance per tenant or no prefix cache."""
+
+    kind = "unscoped"
+    scoped = False
+
+    def inject(self, path: str, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
+        return
+
+
+class TgiAdapter(UnscopedAdapter):
+    kind = "tgi"
+
+
+class LlamacppAdapter(UnscopedAdapter):
+    kind = "llamacpp"
+
+
+class OpenaiAdapter(UnscopedAdapter):
+    kind = "openai"

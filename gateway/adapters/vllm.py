@@ -1,0 +1,27 @@
+"""vLLM and SGLang: the namespace travels as the top-level `cache_salt` body field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.adapters.base import CHAT, Adapter
+
+
+class VllmAdapter(Adapter):
+    kind = "vllm"
+
+    def inject(self, path: str, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
+        body["cache_salt"] = ns
+
+
+class SglangAdapter(VllmAdapter):
+    """SGLang reads the same field (builds before its salt reached the scheduler are unisolated)."""
+
+    kind = "sglang"
+
+
+class TrtllmAdapter(VllmAdapter):
+    """trtllm-serve takes `cache_salt` on chat only; its completions endpoint refuses the field."""
+
+    kind = "trtllm"
+    paths = frozenset({CHAT})

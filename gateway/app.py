@@ -1,0 +1,166 @@
+"""The gateway application: routes, the filter chain, error mapping, metrics and access log.
+
+Invariant: every proxied request passes authn -> body -> route -> scrub -> namespace -> adapter
+before the proxy, against one policy snapshot; any other path answers 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Final
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from gateway.adapters.base import PROXIED_PATHS
+from gateway.errors import GatewayError, NotFound, error_body
+from gateway.filters.adapter import inject
+from gateway.filters.authn import authenticate
+from gateway.filters.body import read_body
+from gateway.filters.namespace import derive
+from gateway.filters.route import choose_route
+from gateway.filters.scrub import scrub_client_inputs
+from gateway.metrics import Metrics
+from gateway.policy import Policy
+from gateway.proxy import SESSION, forward
+from gateway.reload import PolicyHolder, Reloader, reload_ctx
+from gateway.runtime import Runtime
+from gateway.state import METRICS, REQUEST_ID, ROUTE, RUNTIME, TENANT, TIMING, Timing
+
+Filter = Callable[[web.Request], Awaitable[None]]
+CHAIN: Final[tuple[Filter, ...]] = (
+    authenticate,
+    read_body,
+    choose_route,
+    scrub_client_inputs,
+    derive,
+    inject,
+)
+HOLDER = web.AppKey("kvfence_policy_holder", PolicyHolder)
+_RID_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+access_log = logging.getLogger("kvfence.gateway.access")
+
+
+async def proxied(request: web.Request) -> web.StreamResponse:
+    for step in CHAIN:
+        await step(request)
+    return await forward(request)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    await authenticate(request)
+    runtime = request[RUNTIME]
+    names = sorted(runtime.allowed[request[TENANT].id])
+    data = [{"id": n, "object": "model", "created": 0, "owned_by": "kvfence"} for n in names]
+    return web.Response(
+        body=orjson.dumps({"object": "list", "data": data}), content_type="application/json"
+    )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[METRICS].render(), content_type="text/plain")
+
+
+def _error(error: GatewayError, rid: str) -> web.Response:
+    return web.Response(
+        body=error_body(error),
+        status=error.status,
+        content_type="application/json",
+        headers={"x-request-id": rid},
+    )
+
+
+def _finish(request: web.Request, status: int, timing: Timing) -> None:
+    end = time.perf_counter()
+    tenant = request[TENANT].id if TENANT in request else "-"
+    route = request.get(ROUTE)
+    backend = route.backend.name if route is not None else "-"
+    m = request.app[METRICS]
+    m.requests.labels(tenant, backend, str(status)).inc()
+    if timing.upstream_sent:
+        m.latency.labels(backend).observe(end - timing.start)
+        after = timing.client_headers - timing.upstream_headers if timing.client_headers else 0.0
+        m.added.observe(timing.upstream_sent - timing.start + after)
+    if request[RUNTIME].policy.gateway.access_log:
+        access_log.info(
+            "request",
+            extra={
+                "rid": request[REQUEST_ID],
+                "method": request.method,
+                "path": request.path,
+                "status": status,
+                "tenant": tenant,
+                "backend": backend,
+                "ms": round((end - timing.start) * 1000, 3),
+            },
+        )
+
+
+@web.middleware
+async def frame(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    timing = Timing(time.perf_counter())
+    request[TIMING] = timing
+    request[RUNTIME] = request.app[HOLDER].runtime
+    rid = request.headers.get("x-request-id", "")
+    request[REQUEST_ID] = rid = rid if _RID_RE.fullmatch(rid) else os.urandom(16).hex()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        response.headers.setdefault("x-request-id", rid)
+        return response
+    except asyncio.CancelledError:
+        status = 499  # the client went away; its upstream request was cancelled with it
+        raise
+    except GatewayError as exc:
+        status = exc.status
+        return _error(exc, rid)
+    except web.HTTPException as exc:
+        status = 404 if exc.status == 405 else exc.status
+        return _error(NotFound(f"no route for {request.method} {request.path}"), rid)
+    finally:
+        _finish(request, status, timing)
+
+
+async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+    ) as session:
+        app[SESSION] = session
+        yield
+
+
+def create_app(
+    policy: Policy, *, reload_from: Path | None = None, reload_interval_s: float = 1.0
+) -> web.Application:
+    """The gateway for `policy`; with `reload_from`, it follows that file and SIGHUP."""
+    app = web.Application(middlewares=[frame])
+    app[HOLDER] = PolicyHolder(Runtime(policy))
+    app[METRICS] = Metrics()
+    app.cleanup_ctx.append(_session_ctx)
+    if reload_from is not None:
+        reloader = Reloader(reload_from, app[HOLDER], app[METRICS], reload_interval_s)
+        app.cleanup_ctx.append(reload_ctx(reloader))
+    for path in sorted(PROXIED_PATHS):
+        app.router.add_post(path, proxied)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", healthz)
+    app.router.add_get("/metrics", metrics)
+    return app

@@ -1,0 +1,102 @@
+"""`kvfence gateway --policy FILE [--host] [--port] [--workers N]`.
+
+With N > 1 the parent forks N workers that share the port through SO_REUSEPORT and passes
+SIGTERM, SIGINT and SIGHUP on to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from gateway.app import create_app
+from gateway.logs import configure_logging
+from gateway.policy_load import load_policy
+from gateway.policy_yaml import PolicyError
+from gateway.preflight import problems
+from gateway.server import bound_port, start
+
+log = logging.getLogger("kvfence.gateway")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", required=True, help="policy YAML file")
+    parser.add_argument("--host", help="override gateway.listen.host")
+    parser.add_argument("--port", type=int, help="override gateway.listen.port")
+    parser.add_argument("--workers", type=int, default=1, help="processes sharing the port")
+    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+
+
+async def _serve(args: argparse.Namespace, reuse_port: bool) -> None:
+    policy = load_policy(args.policy)
+    app = create_app(policy, reload_from=Path(args.policy))
+    host = args.host or policy.gateway.listen.host
+    port = policy.gateway.listen.port if args.port is None else args.port
+    runner = await start(app, host, port, reuse_port=reuse_port)
+    log.info("serving", extra={"host": host, "port": bound_port(runner), "pid": os.getpid()})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def _run(args: argparse.Namespace, reuse_port: bool) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(_serve(args, reuse_port))
+    else:
+        uvloop.run(_serve(args, reuse_port))
+
+
+def _fork_workers(args: argparse.Namespace) -> int:
+    children: list[int] = []
+    for _ in range(args.workers):
+        pid = os.fork()
+        if pid == 0:
+            _run(args, reuse_port=True)
+            os._exit(0)
+        children.append(pid)
+
+    def forward(sig: int, _frame: object) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    status = 0
+    for child in children:
+        _, code = os.waitpid(child, 0)
+        status = status or os.waitstatus_to_exitcode(code)
+    return status
+
+
+def main(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    if found := problems():
+        for problem in found:
+            print(f"kvfence gateway: refusing to start: {problem}", file=sys.stderr)
+        return 2
+    try:
+        load_policy(args.policy)
+    except PolicyError as exc:
+        print("\n".join(exc.errors), file=sys.stderr)
+        return 1
+    if args.workers < 1:
+        print("kvfence gateway: --workers must be at least 1", file=sys.stderr)
+        return 2
+    if args.workers == 1:
+        _run(args, reuse_port=False)
+        return 0
+    return _fork_workers(args)

@@ -1,0 +1,77 @@
+"""The gateway's exception tree; `error_body` is the one place errors become OpenAI-style JSON.
+
+GatewayError
+├── BadRequest (400)          ├── ClientInputRejected (400)   ├── MissingScopeValue (400)
+├── Unauthenticated (401)     ├── Forbidden (403)             ├── NotFound (404)
+├── RequestTimeout (408)      ├── BodyTooLarge (413)          ├── NotSupported (501)
+├── UpstreamUnavailable (502) └── UpstreamTimeout (504)
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import orjson
+
+
+class GatewayError(Exception):
+    """A local answer. `message` is shown to the client: never put a key or prompt in it."""
+
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "server_error"
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(GatewayError):
+    status, type, code = 400, "invalid_request_error", "invalid_request"
+
+
+class ClientInputRejected(BadRequest):
+    code = "cache_scoping_input_rejected"
+
+
+class MissingScopeValue(BadRequest):
+    code = "missing_scope_value"
+
+
+class Unauthenticated(GatewayError):
+    status, type, code = 401, "authentication_error", "invalid_api_key"
+
+
+class Forbidden(GatewayError):
+    status, type, code = 403, "permission_error", "model_not_allowed"
+
+
+class NotFound(GatewayError):
+    status, type, code = 404, "invalid_request_error", "not_found"
+
+
+class RequestTimeout(GatewayError):
+    status, type, code = 408, "invalid_request_error", "request_timeout"
+
+
+class BodyTooLarge(GatewayError):
+    status, type, code = 413, "invalid_request_error", "body_too_large"
+
+
+class NotSupported(GatewayError):
+    status, type, code = 501, "server_error", "not_supported"
+
+
+class UpstreamUnavailable(GatewayError):
+    status, type, code = 502, "server_error", "upstream_unavailable"
+
+
+class UpstreamTimeout(GatewayError):
+    status, type, code = 504, "server_error", "upstream_timeout"
+
+
+def error_body(error: GatewayError) -> bytes:
+    """The JSON body for a local error answer (also the `data:` of an SSE error event)."""
+    return orjson.dumps(
+        {"error": {"message": error.message, "type": error.type, "code": error.code}}
+    )

@@ -1,0 +1,34 @@
+"""Adapter step: the upstream headers, the backend's namespace injection, usage for streams."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from gateway.adapters.base import CHAT, COMPLETIONS
+from gateway.state import BODY, DROP_USAGE, METRICS, NAMESPACE, REQUEST_ID, ROUTE, UPSTREAM_HEADERS
+
+
+def _ask_for_usage(body: dict[str, Any]) -> bool:
+    """Make a stream end with a usage chunk; True when the client did not ask for it."""
+    options = body.get("stream_options")
+    if not isinstance(options, dict):
+        options = body["stream_options"] = {}
+    if options.get("include_usage") is True:
+        return False
+    options["include_usage"] = True
+    return True
+
+
+async def inject(request: web.Request) -> None:
+    route, body = request[ROUTE], request[BODY]
+    headers = {"content-type": "application/json", "x-request-id": request[REQUEST_ID]}
+    if route.backend.api_key is not None:
+        headers["authorization"] = "Bearer " + route.backend.api_key.value.decode()
+    route.adapter.inject(request.path, body, headers, request[NAMESPACE])
+    if route.adapter.scoped:
+        request.app[METRICS].salts.labels(route.backend.name).inc()
+    streaming = body.get("stream") is True and request.path in (CHAT, COMPLETIONS)
+    request[DROP_USAGE] = _ask_for_usage(body) if streaming else False
+    request[UPSTREAM_HEADERS] = headers

@@ -1,0 +1,33 @@
+"""Authentication: the presented API key must map to exactly one tenant (deny by default)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.errors import Unauthenticated
+from gateway.state import METRICS, RUNTIME, TENANT
+
+
+def _presented_key(request: web.Request) -> str | None:
+    """One key from `Authorization: Bearer` or `x-api-key`; several different ones is none."""
+    keys: set[str] = set()
+    for value in request.headers.getall("authorization", ()):
+        scheme, _, token = value.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            keys.add(token.strip())
+        else:
+            return None
+    keys.update(v.strip() for v in request.headers.getall("x-api-key", ()) if v.strip())
+    return keys.pop() if len(keys) == 1 else None
+
+
+async def authenticate(request: web.Request) -> None:
+    key = _presented_key(request)
+    if key is None:
+        request.app[METRICS].auth_failures.labels("missing").inc()
+        raise Unauthenticated("missing API key: send Authorization: Bearer <key> or x-api-key")
+    tenant = request[RUNTIME].tenant_for_key(key)
+    if tenant is None:
+        request.app[METRICS].auth_failures.labels("unknown").inc()
+        raise Unauthenticated("invalid API key")
+    request[TENANT] = tenant

@@ -1,0 +1,41 @@
+"""Body reading: size-limited, deadline-bound, parsed as one JSON object.
+
+Parsing and later re-serialising means duplicate keys and parser quirks never reach a backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from aiohttp import web
+
+from gateway.errors import BadRequest, BodyTooLarge, RequestTimeout
+from gateway.state import BODY, RUNTIME
+
+
+async def _read_limited(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge(f"request body over {limit} bytes")
+    data = bytearray()
+    while chunk := await request.content.readany():
+        data += chunk
+        if len(data) > limit:
+            raise BodyTooLarge(f"request body over {limit} bytes")
+    return bytes(data)
+
+
+async def read_body(request: web.Request) -> None:
+    limits = request[RUNTIME].policy.gateway.limits
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            raw = await _read_limited(request, limits.max_body_bytes)
+    except TimeoutError:
+        raise RequestTimeout("request body not received in time") from None
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BadRequest("the request body must be JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    request[BODY] = body

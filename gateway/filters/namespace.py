@@ -1,0 +1,40 @@
+"""Namespace: the tenant's scope value (none, user or session) and the derived namespace.
+
+A tenant can narrow its namespace (user, session) but never leave it: the tenant id is always
+part of the derivation, and a missing user or session id is refused rather than widened.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from aiohttp import web
+
+from gateway.errors import MissingScopeValue
+from gateway.policy import Scope, Tenant
+from gateway.state import BODY, NAMESPACE, ROUTE, RUNTIME, TENANT
+
+MAX_SCOPE_VALUE: Final = 512
+
+
+def _scope_value(tenant: Tenant, body: dict[str, Any], request: web.Request) -> str:
+    cache_key = body.pop("prompt_cache_key", None)
+    if tenant.scope is Scope.TENANT:
+        return ""
+    value = request.headers.get(tenant.scope_header) if tenant.scope_header else None
+    if not value:
+        value = body.get("user") if tenant.scope is Scope.USER else cache_key
+    if not isinstance(value, str) or not value or len(value) > MAX_SCOPE_VALUE:
+        field = "user" if tenant.scope is Scope.USER else "prompt_cache_key"
+        where = f" or header {tenant.scope_header}" if tenant.scope_header else ""
+        raise MissingScopeValue(
+            f"this tenant's cache scope is {tenant.scope.value}: send {field}{where} "
+            f"(1 to {MAX_SCOPE_VALUE} characters)"
+        )
+    return value
+
+
+async def derive(request: web.Request) -> None:
+    tenant = request[TENANT]
+    value = _scope_value(tenant, request[BODY], request)
+    request[NAMESPACE] = request[RUNTIME].namespace(tenant, value, request[ROUTE])

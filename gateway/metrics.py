@@ -1,0 +1,54 @@
+"""Prometheus metrics, one `CollectorRegistry` per app so many apps can live in one process.
+
+Invariant: label values are bounded by the policy (tenant ids, backend names) or by fixed sets.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+_FAST = (0.0001, 0.0002, 0.0003, 0.0005, 0.001, 0.0015, 0.003, 0.005, 0.01, 0.05)
+_SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class Metrics:
+    """All gateway metrics, prefixed `kvfence_gateway_`."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        p = "kvfence_gateway_"
+        self.requests = Counter(
+            p + "requests", "Requests answered", ["tenant", "backend", "status"], registry=r
+        )
+        self.latency = Histogram(
+            p + "request_seconds",
+            "Time to the full answer",
+            ["backend"],
+            buckets=_SLOW,
+            registry=r,
+        )
+        self.added = Histogram(
+            p + "added_seconds", "Time the gateway itself adds", buckets=_FAST, registry=r
+        )
+        self.salts = Counter(p + "salts_injected", "Namespaces injected", ["backend"], registry=r)
+        self.client_inputs = Counter(
+            p + "client_inputs",
+            "Client cache-scoping inputs found",
+            ["tenant", "input", "action"],
+            registry=r,
+        )
+        self.cached_tokens = Counter(
+            p + "cached_tokens",
+            "Cached prompt tokens the backend reported",
+            ["tenant"],
+            registry=r,
+        )
+        self.reloads = Counter(
+            p + "policy_reloads", "Policy reloads by result", ["result"], registry=r
+        )
+        self.auth_failures = Counter(
+            p + "auth_failures", "Refused authentications", ["reason"], registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

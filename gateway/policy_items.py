@@ -1,0 +1,133 @@
+"""Reading the policy's `backends` and `tenants` lists, with their cross-checks.
+
+Invariant: model names are unique across backends, tenant ids and key digests are unique, and
+every tenant model is served; a backend that cannot scope its cache needs `allow_unscoped`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+
+from gateway.adapters.registry import ADAPTERS
+from gateway.policy import AuditMode, Backend, KvfenceOptions, ModelSpec, Scope, Tenant
+from gateway.policy_secrets import read_ref, resolve
+from gateway.policy_yaml import Node, guarded
+from gateway.sanitize import is_scoping_header
+from kvfence.apikey import is_digest
+
+_F = frozenset
+_BACKEND_REQ = _F({"name", "kind", "url", "models"})
+_BACKEND_OPT = _F({"allow_unscoped", "api_key", "audience", "audit", "attestation_keys"})
+_KVFENCE_ONLY = _F({"audience", "audit", "attestation_keys"})
+_TENANT_REQ = _F({"id", "api_keys", "scope", "models"})
+_NAME_RE = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
+_TENANT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_URL_RE = re.compile(r"^https?://[^\s/?#]+/?$")
+_HEADER_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+
+
+def _models(node: Node, seen: set[str]) -> tuple[ModelSpec, ...]:
+    out: list[ModelSpec] = []
+    for item in node.items():
+        f = item.mapping(_F({"name", "revision"}), _F())
+        name = f["name"].text(_NAME_RE)
+        if name in seen:
+            f["name"].fail(f"model {name} is already served by another entry")
+        seen.add(name)
+        out.append(ModelSpec(name, f["revision"].version_text()))
+    return tuple(out)
+
+
+def _kvfence(f: dict[str, Node]) -> KvfenceOptions:
+    for key in ("audience", "attestation_keys"):
+        if key not in f:
+            f["kind"].fail(f"kind kvfence needs {key}")
+    audit = AuditMode(f["audit"].choice(("enforce", "monitor"))) if "audit" in f else None
+    return KvfenceOptions(
+        audience=f["audience"].text(),
+        attestation_keys=read_ref(f["attestation_keys"]),
+        audit=audit or AuditMode.ENFORCE,
+    )
+
+
+def _backend(item: Node, env: Mapping[str, str], base: Path, seen: set[str]) -> Backend:
+    f = item.mapping(_BACKEND_REQ, _BACKEND_OPT)
+    kind = f["kind"].choice(tuple(ADAPTERS))
+    for key in _KVFENCE_ONLY & f.keys():
+        if kind != "kvfence":
+            f[key].fail("only a backend of kind kvfence takes this key")
+    allow_unscoped = f["allow_unscoped"].boolean() if "allow_unscoped" in f else False
+    if not ADAPTERS[kind].scoped and not allow_unscoped:
+        f["kind"].fail(f"kind {kind} cannot scope its prefix cache; set allow_unscoped: true")
+    return Backend(
+        name=f["name"].text(_NAME_RE),
+        kind=kind,
+        url=f["url"].text(_URL_RE, "like http://host:port").rstrip("/"),
+        models=_models(f["models"], seen),
+        allow_unscoped=allow_unscoped,
+        api_key=resolve(f["api_key"], env, base, 1) if "api_key" in f else None,
+        kvfence=_kvfence(f) if kind == "kvfence" else None,
+    )
+
+
+def read_backends(node: Node, env: Mapping[str, str], base: Path) -> tuple[Backend, ...]:
+    seen_models: set[str] = set()
+    out: list[Backend] = []
+
+    def one(item: Node) -> Backend:
+        backend = _backend(item, env, base, seen_models)
+        if any(b.name == backend.name for b in out):
+            item.fail(f"duplicate backend name {backend.name}")
+        return backend
+
+    for item in guarded(node.items) or []:
+        backend = guarded(partial(one, item))
+        if backend is not None:
+            out.append(backend)
+    return tuple(out)
+
+
+def _tenant(item: Node, served: set[str], digests: set[str]) -> Tenant:
+    f = item.mapping(_TENANT_REQ, _F({"scope_header"}))
+    scope = Scope(f["scope"].choice(tuple(s.value for s in Scope)))
+    keys = []
+    for key_node in f["api_keys"].items():
+        digest = key_node.text()
+        if not is_digest(digest):
+            key_node.fail("must be a digest printed by `kvfence keys new` (hmac-sha256:<hex>)")
+        if digest in digests:
+            key_node.fail("duplicate API key digest")
+        digests.add(digest)
+        keys.append(digest)
+    models = []
+    for model_node in f["models"].items():
+        name = model_node.text()
+        if name not in served:
+            model_node.fail(f"no backend serves model {name}")
+        models.append(name)
+    header = None
+    if "scope_header" in f:
+        header = f["scope_header"].text(_HEADER_RE, "naming an HTTP header").lower()
+        if is_scoping_header(header):
+            f["scope_header"].fail("names a header the gateway reserves for cache scoping")
+    return Tenant(f["id"].text(_TENANT_RE), tuple(keys), scope, tuple(models), header)
+
+
+def read_tenants(node: Node, served: set[str]) -> tuple[Tenant, ...]:
+    digests: set[str] = set()
+    out: list[Tenant] = []
+
+    def one(item: Node) -> Tenant:
+        tenant = _tenant(item, served, digests)
+        if any(t.id == tenant.id for t in out):
+            item.fail(f"duplicate tenant id {tenant.id}")
+        return tenant
+
+    for item in guarded(node.items) or []:
+        tenant = guarded(partial(one, item))
+        if tenant is not None:
+            out.append(tenant)
+    return tuple(out)

@@ -1,0 +1,78 @@
+"""Incremental server-sent-event scanning: reads usage from events, optionally drops the
+usage-only chat/completions event a client did not ask for.
+
+Invariant: output bytes are the input bytes minus whole dropped events, in order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+_USAGE = b'"usage"'
+
+
+def cached_tokens(usage: Any) -> int | None:
+    """`cached_tokens` from a chat/completions or responses usage object, if reported."""
+    if not isinstance(usage, dict):
+        return None
+    for details_key in ("prompt_tokens_details", "input_tokens_details"):
+        details = usage.get(details_key)
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            return int(details["cached_tokens"])
+    return None
+
+
+def _last_boundary(buf: bytes) -> int:
+    """Index just past the last complete event, or 0."""
+    lf, crlf = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+
+
+def _data(event: bytes) -> Any:
+    lines = [ln[5:].lstrip(b" ") for ln in event.splitlines() if ln.startswith(b"data:")]
+    try:
+        return orjson.loads(b"\n".join(lines)) if lines else None
+    except orjson.JSONDecodeError:
+        return None
+
+
+class UsageScanner:
+    """Feed upstream chunks; get back what to send the client and learn `cached_tokens`."""
+
+    __slots__ = ("_buf", "cached_tokens", "drop_usage")
+
+    def __init__(self, drop_usage: bool) -> None:
+        self.drop_usage = drop_usage
+        self.cached_tokens: int | None = None
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        buf = self._buf + chunk if self._buf else chunk
+        cut = _last_boundary(buf)
+        complete, self._buf = buf[:cut], buf[cut:]
+        if _USAGE not in complete:
+            return complete
+        out = [ev for ev in complete.split(b"\n\n") if not self._consume(ev)]
+        return b"\n\n".join(out)
+
+    def _consume(self, event: bytes) -> bool:
+        """Record usage from one event; True when the event is to be dropped."""
+        if _USAGE not in event or b'"usage":null' in event:
+            return False
+        data = _data(event)
+        if not isinstance(data, dict):
+            return False
+        if data.get("type") == "response.completed" and isinstance(data.get("response"), dict):
+            self.cached_tokens = cached_tokens(data["response"].get("usage"))
+            return False
+        if data.get("choices") == [] and isinstance(data.get("usage"), dict):
+            self.cached_tokens = cached_tokens(data["usage"])
+            return self.drop_usage
+        return False
+
+    def tail(self) -> bytes:
+        """Bytes after the last complete event (sent as they are when the stream ends)."""
+        tail, self._buf = self._buf, b""
+        return tail

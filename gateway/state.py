@@ -1,0 +1,39 @@
+"""Typed per-request slots shared along the filter chain; filters import these, never each other.
+
+Invariant: each slot has exactly one writer (named below), which runs before any reader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from gateway.metrics import Metrics
+from gateway.policy import Tenant
+from gateway.runtime import Route, Runtime
+
+
+@dataclass(slots=True)
+class Timing:
+    """Monotonic timestamps (seconds) for the added-latency metric; written by app and proxy."""
+
+    start: float
+    upstream_sent: float = 0.0
+    upstream_headers: float = 0.0
+    client_headers: float = 0.0
+
+
+RUNTIME = web.RequestKey("kvfence_runtime", Runtime)  # app middleware
+REQUEST_ID = web.RequestKey("kvfence_request_id", str)  # app middleware
+TIMING = web.RequestKey("kvfence_timing", Timing)  # app middleware
+TENANT = web.RequestKey("kvfence_tenant", Tenant)  # filters.authn
+BODY: web.RequestKey[dict[str, Any]] = web.RequestKey("kvfence_body", dict)  # filters.body
+ROUTE = web.RequestKey("kvfence_route", Route)  # filters.route
+NAMESPACE = web.RequestKey("kvfence_namespace", str)  # filters.namespace
+UPSTREAM_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey(
+    "kvfence_upstream_headers", dict
+)  # filters.adapter
+DROP_USAGE = web.RequestKey("kvfence_drop_usage", bool)  # filters.adapter
+METRICS = web.AppKey("kvfence_metrics", Metrics)

@@ -1,0 +1,68 @@
+"""Namespace derivation: HMAC-SHA256 over length-prefixed fields, formatted as a cache salt.
+
+Invariant: the result depends only on the key and the (tenant, scope, scope value, model,
+revision) tuple; the same inputs give the same string on every run, worker and host.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+from dataclasses import dataclass, field
+from typing import Final
+
+DOMAIN_TAG: Final = b"kvfence/namespace/v1"
+KEY_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+SALT_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+MIN_SECRET_BYTES: Final = 32
+SCOPES: Final = ("tenant", "user", "session")
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceKey:
+    """One HMAC key. `key_id` is public and travels in the salt; `secret` never leaves here."""
+
+    key_id: str
+    secret: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not KEY_ID_RE.fullmatch(self.key_id):
+            raise ValueError("namespace key id must match [A-Za-z0-9_-]{1,32}")
+        if len(self.secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"namespace key secret must be at least {MIN_SECRET_BYTES} bytes")
+
+
+def _field(value: str) -> bytes:
+    raw = value.encode("utf-8")
+    return len(raw).to_bytes(4, "big") + raw
+
+
+def namespace_digest(
+    key: NamespaceKey, tenant: str, scope: str, scope_value: str, model: str, revision: str
+) -> bytes:
+    """The raw 32-byte HMAC. Scope `tenant` must pass an empty scope value."""
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+    if scope == "tenant" and scope_value:
+        raise ValueError("scope 'tenant' takes no scope value")
+    fields = (DOMAIN_TAG.decode(), tenant, scope, scope_value, model, revision)
+    message = b"".join(_field(f) for f in fields)
+    return hmac.new(key.secret, message, hashlib.sha256).digest()
+
+
+def format_salt(key_id: str, digest: bytes) -> str:
+    """`<key id>.<base64url digest, no padding>`: only [A-Za-z0-9._-], at most 128 chars."""
+    salt = key_id + "." + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+    if not SALT_RE.fullmatch(salt):
+        raise ValueError("salt does not fit [A-Za-z0-9._-]{1,128}")
+    return salt
+
+
+def derive_namespace(
+    key: NamespaceKey, tenant: str, scope: str, scope_value: str, model: str, revision: str
+) -> str:
+    """The namespace value: the salt sent to cache_salt backends and carried by handles."""
+    digest = namespace_digest(key, tenant, scope, scope_value, model, revision)
+    return format_salt(key.key_id, digest)

@@ -1,0 +1,161 @@
+"""A fake OpenAI-compatible inference server (a real aiohttp app on port 0) that records exactly
+what it received and can answer, stream, die, or stall on demand."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+CACHED_TOKENS = 7
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+    def header_values(self, name: str) -> list[str]:
+        return [v for k, v in self.headers if k.lower() == name.lower()]
+
+
+def _chunk(i: int, text: str, usage: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "smollm2",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
+    if usage:
+        out["usage"] = None
+    return out
+
+
+def usage_event() -> bytes:
+    usage = {
+        "prompt_tokens": 12,
+        "completion_tokens": 3,
+        "total_tokens": 15,
+        "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS},
+    }
+    body = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "smollm2",
+        "choices": [],
+        "usage": usage,
+    }
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def sse_events(include_usage: bool) -> list[bytes]:
+    """The events a stream sends, in order (each ends with a blank line)."""
+    words = ["Hello", " there", "!"]
+    events = [
+        b"data: " + orjson.dumps(_chunk(i, w, include_usage)) + b"\n\n" for i, w in enumerate(words)
+    ]
+    if include_usage:
+        events.append(usage_event())
+    return [*events, b"data: [DONE]\n\n"]
+
+
+def completion() -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "smollm2",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello there!"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 12,
+            "completion_tokens": 3,
+            "total_tokens": 15,
+            "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS},
+        },
+    }
+
+
+@dataclass
+class FakeUpstream:
+    """`mode`: ok | die_before | die_mid | stall_before | hold. `split` sends each stream event
+    in two writes, so the gateway sees chunks that cut events in half."""
+
+    mode: str = "ok"
+    split: bool = False
+    received: list[Received] = field(default_factory=list)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    _runner: web.AppRunner | None = None
+    url: str = ""
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self.url
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.received.append(
+            Received(request.method, request.path, list(request.headers.items()), body)
+        )
+        if self.mode == "die_before":
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response()
+        if self.mode == "stall_before":
+            await asyncio.sleep(3600)
+        doc = orjson.loads(body) if body else {}
+        if doc.get("stream") is True:
+            return await self._stream(request, doc)
+        return web.Response(body=orjson.dumps(completion()), content_type="application/json")
+
+    async def _stream(self, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
+        options = doc.get("stream_options") or {}
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        events = sse_events(bool(options.get("include_usage")))
+        try:
+            for i, event in enumerate(events):
+                if self.mode == "die_mid" and i == 2:
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return resp
+                if self.mode == "hold" and i == 1:
+                    await asyncio.sleep(3600)
+                if self.split:
+                    await resp.write(event[:7])
+                    await resp.write(event[7:])
+                else:
+                    await resp.write(event)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        with contextlib.suppress(ConnectionError):
+            await resp.write_eof()
+        return resp
