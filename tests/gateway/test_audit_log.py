@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import shutil
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -32,8 +33,8 @@ def record(i: int) -> dict[str, object]:
     }
 
 
-async def write_log(path: Path, count: int, **kw: object) -> None:
-    log = AuditLog(path, SECRET, **kw)  # type: ignore[arg-type]
+async def write_log(path: Path, count: int, **kw: Any) -> None:
+    log = AuditLog(path, SECRET, **kw)
     for i in range(count):
         await log.append(record(i))
     await log.close()
