@@ -49,7 +49,7 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class StepOutput:
-    """One new token. `cached_tokens` and `block_namespaces` are set on a sequence's first output."""
+    """One new token; `cached_tokens` and `block_namespaces` are set on the first output only."""
 
     seq_id: int
     token_id: int

@@ -154,7 +154,7 @@ def test_a_namespace_at_its_quota_does_not_stall_another() -> None:
     assert {c.seq_id for c in plan.chunks} == {a1.seq_id, b1.seq_id}
     assert a2.status is SequenceStatus.WAITING
     h.run()
-    assert a2.status is SequenceStatus.FINISHED
+    assert a2.finish_reason == "length"  # ran to its max_tokens once room came
 
 
 def test_finish_frees_blocks_at_once() -> None:
