@@ -81,7 +81,8 @@ class Scheduler:
             budget -= n
         if not preempted:
             self._admit(budget, chunks)
-        return StepPlan(tuple(chunks), self.pool.take_zero_blocks())
+        # Zero requests wait for a plan that carries work; only blocks in a chunk are written.
+        return StepPlan(tuple(chunks), self.pool.take_zero_blocks() if chunks else ())
 
     def _chunk(self, seq: Sequence, n: int) -> Chunk:
         start = seq.num_computed
@@ -89,7 +90,7 @@ class Scheduler:
             seq_id=seq.seq_id,
             token_ids=tuple(seq.token_ids[start : start + n]),
             start=start,
-            block_table=tuple(seq.block_table),
+            block_table=seq.table_snapshot(),
             sample=start + n == seq.num_tokens,
             sampling=seq.sampling,
             num_generated=seq.num_generated,
@@ -126,6 +127,8 @@ class Scheduler:
     def _admit(self, budget: int, chunks: list[Chunk]) -> None:
         """Admit waiting sequences in order; one over its namespace's quota is skipped, not
         waited on, so a tenant at its quota cannot stall the others."""
+        if budget == 0 or len(self._running) >= self.max_num_seqs:
+            return
         candidates = list(itertools.islice(self._waiting, self.max_num_seqs))
         for seq in candidates:
             if budget == 0 or len(self._running) >= self.max_num_seqs:

@@ -43,6 +43,14 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     block_namespaces: set[Namespace] = field(default_factory=set)
+    _snapshot: tuple[int, ...] = ()
+
+    def table_snapshot(self) -> tuple[int, ...]:
+        """The block table as a tuple, rebuilt only when it grew (the table only ever appends
+        between resets, so equal length means equal content)."""
+        if len(self._snapshot) != len(self.block_table):
+            self._snapshot = tuple(self.block_table)
+        return self._snapshot
 
     @property
     def num_tokens(self) -> int:
@@ -62,5 +70,6 @@ class Sequence:
     def reset_progress(self) -> None:
         """Forget the KV (after preemption): the whole sequence is recomputed or re-hit."""
         self.block_table = []
+        self._snapshot = ()
         self.num_computed = 0
         self.num_indexed_blocks = 0
