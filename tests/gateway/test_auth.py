@@ -1,0 +1,110 @@
+"""Authentication, model policy, local routes and error shapes."""
+
+import pytest
+
+from kvfence.apikey import mint_key
+from tests.gateway.conftest import KEYS, Gateway
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+async def _error(resp: object) -> dict[str, str]:
+    body = await resp.json()  # type: ignore[attr-defined]
+    assert set(body["error"]) == {"message", "type", "code"}
+    return body["error"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"authorization": "Bearer " + mint_key()},
+        {"authorization": "Basic abc"},
+        {"x-api-key": mint_key()},
+        {"authorization": "Bearer kvf_mistyped"},
+    ],
+)
+async def test_missing_or_unknown_key_is_401(gw: Gateway, headers: dict[str, str]) -> None:
+    resp = await gw.session.post(
+        gw.url + "/v1/chat/completions", json={"model": "smollm2", "messages": MSG}, headers=headers
+    )
+    assert resp.status == 401
+    assert (await _error(resp))["type"] == "authentication_error"
+    assert gw.upstream.received == []
+
+
+async def test_x_api_key_works(gw: Gateway) -> None:
+    resp = await gw.session.post(
+        gw.url + "/v1/chat/completions", json={"model": "smollm2", "messages": MSG},
+        headers={"x-api-key": KEYS["acme"]},
+    )
+    assert resp.status == 200
+
+
+async def test_two_different_keys_are_refused(gw: Gateway) -> None:
+    resp = await gw.session.post(
+        gw.url + "/v1/chat/completions", json={"model": "smollm2", "messages": MSG},
+        headers={"authorization": f"Bearer {KEYS['acme']}", "x-api-key": KEYS["globex"]},
+    )
+    assert resp.status == 401
+
+
+@pytest.mark.parametrize("model", ["other", "no-such-model"])
+async def test_model_not_allowed_is_403(gw: Gateway, model: str) -> None:
+    resp = await gw.chat("acme", {"model": model, "messages": MSG})
+    assert resp.status == 403
+    assert (await _error(resp))["type"] == "permission_error"
+    assert gw.upstream.received == []
+
+
+async def test_bad_bodies_are_400(gw: Gateway) -> None:
+    for data in (b"not json", b"[1, 2]", b'{"messages": []}'):
+        resp = await gw.session.post(
+            gw.url + "/v1/chat/completions", data=data, headers=gw.auth("acme")
+        )
+        assert resp.status == 400
+        assert (await _error(resp))["type"] == "invalid_request_error"
+
+
+async def test_models_lists_only_the_tenants_models(gw: Gateway) -> None:
+    acme = await (await gw.session.get(gw.url + "/v1/models", headers=gw.auth("acme"))).json()
+    globex = await (await gw.session.get(gw.url + "/v1/models", headers=gw.auth("globex"))).json()
+    assert [m["id"] for m in acme["data"]] == ["smollm2"]
+    assert [m["id"] for m in globex["data"]] == ["other", "smollm2"]
+    resp = await gw.session.get(gw.url + "/v1/models")
+    assert resp.status == 401
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", "/reset_prefix_cache"), ("GET", "/v1/chat/completions"), ("POST", "/v1/embeddings"),
+     ("GET", "/v1/../metrics/x"), ("POST", "/flush_cache")],
+)
+async def test_other_paths_are_404_and_never_proxied(gw: Gateway, method: str, path: str) -> None:
+    resp = await gw.session.request(method, gw.url + path, headers=gw.auth("acme"))
+    assert resp.status == 404
+    assert (await _error(resp))["code"] == "not_found"
+    assert gw.upstream.received == []
+
+
+async def test_request_id_propagated_or_generated(gw: Gateway) -> None:
+    resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG}, **{"x-request-id": "abc-1"})
+    assert resp.headers["x-request-id"] == "abc-1"
+    assert gw.upstream.received[-1].header_values("x-request-id") == ["abc-1"]
+    resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG})
+    generated = resp.headers["x-request-id"]
+    assert len(generated) == 32 and gw.upstream.received[-1].header_values("x-request-id") == [generated]
+
+
+async def test_health_and_metrics(gw: Gateway) -> None:
+    assert (await gw.session.get(gw.url + "/healthz")).status == 200
+    assert (await gw.session.get(gw.url + "/readyz")).status == 200
+    await gw.chat("acme", {"model": "smollm2", "messages": MSG, "cache_salt": "x"})
+    text = await (await gw.session.get(gw.url + "/metrics")).text()
+    assert 'kvfence_gateway_requests_total{backend="fake-vllm",status="200",tenant="acme"} 1.0' in text
+    assert 'kvfence_gateway_salts_injected_total{backend="fake-vllm"} 1.0' in text
+    assert (
+        'kvfence_gateway_client_inputs_total{action="strip",input="cache_salt",tenant="acme"} 1.0'
+        in text
+    )
+    assert "kvfence_gateway_added_seconds_count 1.0" in text

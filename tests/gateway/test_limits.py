@@ -1,0 +1,79 @@
+"""Slow and greedy clients are cut, not held."""
+
+import asyncio
+
+from gateway.policy_load import parse_policy
+from tests.fakes.openai_upstream import FakeUpstream
+from tests.gateway.conftest import ENV, KEYS, Gateway, policy_text, run_gateway
+
+
+async def _connect(gw: Gateway) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = gw.url.removeprefix("http://").split(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+async def test_trickling_headers_are_cut(gw: Gateway) -> None:
+    reader, writer = await _connect(gw)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+    await writer.drain()
+    # Keep sending a header byte at a time; the header deadline (0.5 s) still closes us.
+    closed = False
+    async with asyncio.timeout(10):
+        while not closed:
+            try:
+                writer.write(b"X")
+                await writer.drain()
+                closed = await asyncio.wait_for(reader.read(1024), 0.1) == b""
+            except TimeoutError:
+                continue
+            except ConnectionError:
+                closed = True
+    assert closed
+    writer.close()
+
+
+async def test_idle_connection_is_cut(gw: Gateway) -> None:
+    reader, writer = await _connect(gw)
+    async with asyncio.timeout(10):
+        assert await reader.read(1024) == b""
+    writer.close()
+
+
+async def test_trickling_body_is_408(gw: Gateway) -> None:
+    reader, writer = await _connect(gw)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+        b"Authorization: Bearer " + KEYS["acme"].encode() + b"\r\n\r\n{"
+    )
+    await writer.drain()
+    async with asyncio.timeout(10):
+        head = await reader.readuntil(b"\r\n")
+    assert head.startswith(b"HTTP/1.1 408")
+    writer.close()
+
+
+async def test_body_over_limit_is_413(gw: Gateway) -> None:
+    big = {"model": "smollm2", "messages": [{"role": "user", "content": "x" * 70000}]}
+    resp = await gw.chat("acme", big)
+    assert resp.status == 413
+    assert gw.upstream.received == []
+
+
+async def test_connections_over_the_cap_are_closed(upstream: FakeUpstream) -> None:
+    text = policy_text(upstream.url).replace(
+        "max_body_bytes: 65536", "max_body_bytes: 65536, max_connections: 2, header_timeout_s: 30"
+    ).replace("header_timeout_s: 0.5, ", "")
+    gw, runner = await run_gateway(parse_policy(text, "t.yaml", env=ENV), upstream)
+    try:
+        (r1, w1), (_r2, w2) = await _connect(gw), await _connect(gw)
+        r3, w3 = await _connect(gw)
+        async with asyncio.timeout(10):
+            assert await r3.read(1024) == b""
+        w1.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(10):
+            assert (await r1.readuntil(b"\r\n")).startswith(b"HTTP/1.1 200")
+        for w in (w1, w2, w3):
+            w.close()
+    finally:
+        await gw.session.close()
+        await runner.cleanup()

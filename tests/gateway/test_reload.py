@@ -1,0 +1,55 @@
+"""Policy reload: a valid file swaps in whole; an invalid one is refused and counted."""
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from tests.fakes.openai_upstream import FakeUpstream
+from tests.gateway.conftest import ENV, Gateway, make_policy, policy_text, run_gateway
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+async def _salt(gw: Gateway) -> str:
+    resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG})
+    assert resp.status == 200
+    return str(gw.upstream.received[-1].json["cache_salt"])
+
+
+async def _metric(gw: Gateway, line: str) -> bool:
+    return line in await (await gw.session.get(gw.url + "/metrics")).text()
+
+
+async def _until(check: object, deadline: float = 10.0) -> None:
+    async with asyncio.timeout(deadline):
+        while not await check():  # type: ignore[operator]
+            await asyncio.sleep(0.02)
+
+
+async def test_reload_on_change_and_refusal(upstream: FakeUpstream, tmp_path: Path, monkeypatch: object) -> None:
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)  # type: ignore[attr-defined]
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_text(upstream.url))
+    gw, runner = await run_gateway(make_policy(upstream.url), upstream, reload_from=path)
+    try:
+        before = await _salt(gw)
+        assert before.startswith("ns1.")
+        path.write_text(policy_text(upstream.url, active="ns2"))  # key rotation
+        await _until(lambda: _metric(gw, 'kvfence_gateway_policy_reloads_total{result="ok"} 1.0'))
+        assert (await _salt(gw)).startswith("ns2.")
+
+        path.write_text(policy_text(upstream.url).replace("scope: tenant", "scope: team"))
+        await _until(lambda: _metric(gw, 'kvfence_gateway_policy_reloads_total{result="refused"} 1.0'))
+        assert (await _salt(gw)).startswith("ns2.")  # the old policy stays
+
+        path.write_text(policy_text(upstream.url, active="ns1"))
+        await _until(lambda: _metric(gw, 'kvfence_gateway_policy_reloads_total{result="ok"} 2.0'))
+        assert await _salt(gw) == before
+
+        os.kill(os.getpid(), signal.SIGHUP)  # the file is unchanged: only the signal reloads
+        await _until(lambda: _metric(gw, 'kvfence_gateway_policy_reloads_total{result="ok"} 3.0'))
+    finally:
+        await gw.session.close()
+        await runner.cleanup()
