@@ -7,8 +7,9 @@ skipping them, so CI that promises interop coverage cannot pass without it.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
+import aiohttp
 import pytest
 
 from tests.interop.vllm_server import missing_reason, running_vllm
@@ -36,3 +37,9 @@ def vllm_url() -> Iterator[str]:
         pytest.fail(f"KVFENCE_REQUIRE_VLLM=1 but {reason}", pytrace=False)
     with running_vllm() as url:
         yield url
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        yield session

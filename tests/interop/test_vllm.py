@@ -7,79 +7,19 @@ misses), because with prefix caching off "another salt misses" would hold trivia
 from __future__ import annotations
 
 import random
-import secrets
 import string
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
+from tests.interop.probes import BLOCK_TOKENS, cached_tokens, complete, fresh_prompt, new_salt
 from tests.interop.vllm_server import SERVED_MODEL
 
 pytestmark = pytest.mark.vllm
 
-BLOCK_TOKENS = 128  # vLLM's CPU backend caches whole blocks of this many tokens
 SALT_ALPHABET = string.ascii_letters + string.digits + "._-"
-WORDS = [
-    "river",
-    "stone",
-    "lantern",
-    "orbit",
-    "meadow",
-    "copper",
-    "violet",
-    "harbor",
-    "signal",
-    "tundra",
-    "maple",
-    "quartz",
-    "falcon",
-    "ember",
-    "glacier",
-    "saddle",
-    "thistle",
-    "canyon",
-    "beacon",
-    "walnut",
-    "prism",
-    "cobalt",
-    "willow",
-    "marble",
-]
-
-
-def fresh_prompt(words: int = 400) -> str:
-    """A prompt no earlier request can have cached: a random nonce first, then random words."""
-    rng = random.Random(secrets.randbits(64))
-    return secrets.token_hex(8) + " " + " ".join(rng.choice(WORDS) for _ in range(words))
-
-
-def new_salt() -> str:
-    return "t-" + secrets.token_urlsafe(16)
-
-
-async def complete(
-    http: aiohttp.ClientSession, url: str, prompt: str, salt: str | None
-) -> tuple[int, dict[str, Any]]:
-    body: dict[str, Any] = {"model": SERVED_MODEL, "prompt": prompt, "max_tokens": 1}
-    if salt is not None:
-        body["cache_salt"] = salt
-    async with http.post(f"{url}/v1/completions", json=body) as resp:
-        return resp.status, await resp.json()
-
-
-def cached_tokens(payload: dict[str, Any]) -> int:
-    details = payload["usage"]["prompt_tokens_details"]
-    assert details is not None, "vLLM must run with --enable-prompt-tokens-details"
-    return int(details["cached_tokens"])
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-        yield session
 
 
 async def test_same_salt_hits_and_another_salt_misses(
