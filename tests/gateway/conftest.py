@@ -28,7 +28,8 @@ def digest(tenant: str) -> str:
 
 
 def policy_text(url: str, *, mode: str = "strip", active: str = "ns1", extra: str = "") -> str:
-    return textwrap.dedent(f"""\
+    return (
+        textwrap.dedent(f"""\
         version: 1
         gateway:
           listen: {{host: 127.0.0.1, port: 0}}
@@ -53,7 +54,9 @@ def policy_text(url: str, *, mode: str = "strip", active: str = "ns1", extra: st
               scope_header: x-end-user, models: [smollm2]}}
           - {{id: umbrella, api_keys: ["{digest("umbrella")}"], scope: session,
               models: [smollm2]}}
-        """) + extra
+        """)
+        + extra
+    )
 
 
 def make_policy(url: str, **kwargs: str) -> Policy:
@@ -70,7 +73,9 @@ class Gateway:
     def auth(self, tenant: str) -> dict[str, str]:
         return {"authorization": f"Bearer {KEYS[tenant]}"}
 
-    async def chat(self, tenant: str, body: dict[str, object], **headers: str) -> aiohttp.ClientResponse:
+    async def chat(
+        self, tenant: str, body: dict[str, object], **headers: str
+    ) -> aiohttp.ClientResponse:
         return await self.session.post(
             self.url + "/v1/chat/completions", json=body, headers={**self.auth(tenant), **headers}
         )

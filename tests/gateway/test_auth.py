@@ -35,7 +35,8 @@ async def test_missing_or_unknown_key_is_401(gw: Gateway, headers: dict[str, str
 
 async def test_x_api_key_works(gw: Gateway) -> None:
     resp = await gw.session.post(
-        gw.url + "/v1/chat/completions", json={"model": "smollm2", "messages": MSG},
+        gw.url + "/v1/chat/completions",
+        json={"model": "smollm2", "messages": MSG},
         headers={"x-api-key": KEYS["acme"]},
     )
     assert resp.status == 200
@@ -43,7 +44,8 @@ async def test_x_api_key_works(gw: Gateway) -> None:
 
 async def test_two_different_keys_are_refused(gw: Gateway) -> None:
     resp = await gw.session.post(
-        gw.url + "/v1/chat/completions", json={"model": "smollm2", "messages": MSG},
+        gw.url + "/v1/chat/completions",
+        json={"model": "smollm2", "messages": MSG},
         headers={"authorization": f"Bearer {KEYS['acme']}", "x-api-key": KEYS["globex"]},
     )
     assert resp.status == 401
@@ -77,8 +79,13 @@ async def test_models_lists_only_the_tenants_models(gw: Gateway) -> None:
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("POST", "/reset_prefix_cache"), ("GET", "/v1/chat/completions"), ("POST", "/v1/embeddings"),
-     ("GET", "/v1/../metrics/x"), ("POST", "/flush_cache")],
+    [
+        ("POST", "/reset_prefix_cache"),
+        ("GET", "/v1/chat/completions"),
+        ("POST", "/v1/embeddings"),
+        ("GET", "/v1/../metrics/x"),
+        ("POST", "/flush_cache"),
+    ],
 )
 async def test_other_paths_are_404_and_never_proxied(gw: Gateway, method: str, path: str) -> None:
     resp = await gw.session.request(method, gw.url + path, headers=gw.auth("acme"))
@@ -93,7 +100,9 @@ async def test_request_id_propagated_or_generated(gw: Gateway) -> None:
     assert gw.upstream.received[-1].header_values("x-request-id") == ["abc-1"]
     resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG})
     generated = resp.headers["x-request-id"]
-    assert len(generated) == 32 and gw.upstream.received[-1].header_values("x-request-id") == [generated]
+    assert len(generated) == 32 and gw.upstream.received[-1].header_values("x-request-id") == [
+        generated
+    ]
 
 
 async def test_health_and_metrics(gw: Gateway) -> None:
@@ -101,7 +110,9 @@ async def test_health_and_metrics(gw: Gateway) -> None:
     assert (await gw.session.get(gw.url + "/readyz")).status == 200
     await gw.chat("acme", {"model": "smollm2", "messages": MSG, "cache_salt": "x"})
     text = await (await gw.session.get(gw.url + "/metrics")).text()
-    assert 'kvfence_gateway_requests_total{backend="fake-vllm",status="200",tenant="acme"} 1.0' in text
+    assert (
+        'kvfence_gateway_requests_total{backend="fake-vllm",status="200",tenant="acme"} 1.0' in text
+    )
     assert 'kvfence_gateway_salts_injected_total{backend="fake-vllm"} 1.0' in text
     assert (
         'kvfence_gateway_client_inputs_total{action="strip",input="cache_salt",tenant="acme"} 1.0'

@@ -60,9 +60,14 @@ async def test_body_over_limit_is_413(gw: Gateway) -> None:
 
 
 async def test_connections_over_the_cap_are_closed(upstream: FakeUpstream) -> None:
-    text = policy_text(upstream.url).replace(
-        "max_body_bytes: 65536", "max_body_bytes: 65536, max_connections: 2, header_timeout_s: 30"
-    ).replace("header_timeout_s: 0.5, ", "")
+    text = (
+        policy_text(upstream.url)
+        .replace(
+            "max_body_bytes: 65536",
+            "max_body_bytes: 65536, max_connections: 2, header_timeout_s: 30",
+        )
+        .replace("header_timeout_s: 0.5, ", "")
+    )
     gw, runner = await run_gateway(parse_policy(text, "t.yaml", env=ENV), upstream)
     try:
         (r1, w1), (_r2, w2) = await _connect(gw), await _connect(gw)

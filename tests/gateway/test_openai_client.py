@@ -24,7 +24,9 @@ async def test_non_streaming(gw: Gateway) -> None:
 async def test_streaming(gw: Gateway) -> None:
     async with _client(gw) as client:
         stream = await client.chat.completions.create(
-            model="smollm2", messages=MSG, stream=True,  # type: ignore[arg-type]
+            model="smollm2",
+            messages=MSG,
+            stream=True,  # type: ignore[arg-type]
         )
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert text == "Hello there!"
@@ -46,7 +48,9 @@ async def test_stream_cut_mid_way_raises(gw: Gateway) -> None:
     gw.upstream.mode = "die_mid"
     async with _client(gw) as client:
         stream = await client.chat.completions.create(
-            model="smollm2", messages=MSG, stream=True,  # type: ignore[arg-type]
+            model="smollm2",
+            messages=MSG,
+            stream=True,  # type: ignore[arg-type]
         )
         got = []
         try:

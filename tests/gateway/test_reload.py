@@ -23,11 +23,13 @@ async def _metric(gw: Gateway, line: str) -> bool:
 
 async def _until(check: object, deadline: float = 10.0) -> None:
     async with asyncio.timeout(deadline):
-        while not await check():  # type: ignore[operator]
+        while not await check():  # type: ignore[operator]  # noqa: ASYNC110 (polling HTTP)
             await asyncio.sleep(0.02)
 
 
-async def test_reload_on_change_and_refusal(upstream: FakeUpstream, tmp_path: Path, monkeypatch: object) -> None:
+async def test_reload_on_change_and_refusal(
+    upstream: FakeUpstream, tmp_path: Path, monkeypatch: object
+) -> None:
     for k, v in ENV.items():
         monkeypatch.setenv(k, v)  # type: ignore[attr-defined]
     path = tmp_path / "policy.yaml"
@@ -41,7 +43,9 @@ async def test_reload_on_change_and_refusal(upstream: FakeUpstream, tmp_path: Pa
         assert (await _salt(gw)).startswith("ns2.")
 
         path.write_text(policy_text(upstream.url).replace("scope: tenant", "scope: team"))
-        await _until(lambda: _metric(gw, 'kvfence_gateway_policy_reloads_total{result="refused"} 1.0'))
+        await _until(
+            lambda: _metric(gw, 'kvfence_gateway_policy_reloads_total{result="refused"} 1.0')
+        )
         assert (await _salt(gw)).startswith("ns2.")  # the old policy stays
 
         path.write_text(policy_text(upstream.url, active="ns1"))

@@ -2,8 +2,8 @@
 
 from typing import Any
 
-from multidict import CIMultiDict
 import pytest
+from multidict import CIMultiDict
 
 from gateway.runtime import Runtime
 from tests.fakes.openai_upstream import FakeUpstream
@@ -45,10 +45,13 @@ async def test_body_fields_are_stripped(gw: Gateway, fields: dict[str, Any]) -> 
 
 
 async def test_duplicate_json_keys_reach_upstream_once(gw: Gateway) -> None:
-    raw = (b'{"model": "smollm2", "messages": [], "cache_salt": "evil", '
-           b'"cache_salt": "evil2", "model": "smollm2"}')
+    raw = (
+        b'{"model": "smollm2", "messages": [], "cache_salt": "evil", '
+        b'"cache_salt": "evil2", "model": "smollm2"}'
+    )
     resp = await gw.session.post(
-        gw.url + "/v1/chat/completions", data=raw,
+        gw.url + "/v1/chat/completions",
+        data=raw,
         headers={**gw.auth("acme"), "content-type": "application/json"},
     )
     assert resp.status == 200
@@ -68,10 +71,13 @@ HEADER_CASES = [
 
 
 @pytest.mark.parametrize("headers", HEADER_CASES)
-async def test_scoping_headers_never_reach_upstream(gw: Gateway, headers: list[tuple[str, str]]) -> None:
+async def test_scoping_headers_never_reach_upstream(
+    gw: Gateway, headers: list[tuple[str, str]]
+) -> None:
     all_headers = [*gw.auth("acme").items(), *headers]
     resp = await gw.session.post(
-        gw.url + "/v1/chat/completions", json={"model": "smollm2", "messages": MSG},
+        gw.url + "/v1/chat/completions",
+        json={"model": "smollm2", "messages": MSG},
         headers=CIMultiDict(all_headers),
     )
     assert resp.status == 200
@@ -114,7 +120,9 @@ async def test_prompt_cache_key_is_removed_for_tenant_scope(gw: Gateway) -> None
 
 async def test_session_scope_narrows_by_prompt_cache_key(gw: Gateway) -> None:
     for key in ("s1", "s1", "s2"):
-        resp = await gw.chat("umbrella", {"model": "smollm2", "messages": MSG, "prompt_cache_key": key})
+        resp = await gw.chat(
+            "umbrella", {"model": "smollm2", "messages": MSG, "prompt_cache_key": key}
+        )
         assert resp.status == 200
     s1, s1b, s2 = (r.json for r in gw.upstream.received)
     assert s1["cache_salt"] == s1b["cache_salt"] != s2["cache_salt"]

@@ -1,0 +1,127 @@
+"""`kvfence keys new` and `kvfence gateway` as a person runs them."""
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+
+from kvfence.apikey import is_well_formed, key_digest
+from kvfence.cli import main as kvfence_main
+from tests.fakes.openai_upstream import FakeUpstream
+from tests.gateway.conftest import ENV, KEYS, policy_text
+
+PEPPER = "cli-pepper-0123456789"
+
+
+def test_keys_new_prints_key_and_digest(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KVFENCE_PEPPER", PEPPER)
+    assert kvfence_main(["keys", "new", "--tenant", "acme", "--json"]) == 0
+    out = orjson.loads(capsys.readouterr().out)
+    assert out["tenant"] == "acme" and is_well_formed(out["api_key"])
+    assert out["digest"] == key_digest(PEPPER.encode(), out["api_key"])
+    assert kvfence_main(["keys", "new", "--tenant", "acme"]) == 0
+    text = capsys.readouterr().out
+    assert "kvf_" in text and "hmac-sha256:" in text
+
+
+def test_keys_new_pepper_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "pepper").write_text(PEPPER + "\n")
+    assert (
+        kvfence_main(
+            ["keys", "new", "--tenant", "a", "--json", "--pepper-file", str(tmp_path / "pepper")]
+        )
+        == 0
+    )
+    out = orjson.loads(capsys.readouterr().out)
+    assert out["digest"] == key_digest(PEPPER.encode(), out["api_key"])
+    monkeypatch.setenv("PEPPER", PEPPER)
+    (tmp_path / "p.yaml").write_text(policy_text("http://127.0.0.1:9"))
+    assert (
+        kvfence_main(
+            ["keys", "new", "--tenant", "a", "--json", "--policy", str(tmp_path / "p.yaml")]
+        )
+        == 0
+    )
+    out = orjson.loads(capsys.readouterr().out)
+    assert out["digest"] == key_digest(PEPPER.encode(), out["api_key"])
+    monkeypatch.setenv("SHORT", "abc")
+    assert kvfence_main(["keys", "new", "--tenant", "a", "--pepper-env", "SHORT"]) == 2
+    assert "at least 16 bytes" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_gateway_refuses_without_c_parser(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(policy_text("http://127.0.0.1:9"))
+    env = {**os.environ, **ENV, "AIOHTTP_NO_EXTENSIONS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "kvfence.cli", "gateway", "--policy", str(tmp_path / "p.yaml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "C HTTP parser" in out.stderr
+
+
+async def test_gateway_workers_share_the_port(tmp_path: Path, upstream: FakeUpstream) -> None:
+    (tmp_path / "p.yaml").write_text(
+        policy_text(upstream.url).replace("access_log: false", "access_log: true")
+    )
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "kvfence.cli",
+        "gateway",
+        "--policy",
+        str(tmp_path / "p.yaml"),
+        "--port",
+        str(port),
+        "--workers",
+        "2",
+        env={**os.environ, **ENV},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with asyncio.timeout(30):
+                while True:
+                    try:
+                        if (await session.get(url + "/healthz")).status == 200:
+                            break
+                    except aiohttp.ClientConnectionError:
+                        await asyncio.sleep(0.05)
+            resp = await session.post(
+                url + "/v1/chat/completions",
+                json={"model": "smollm2", "messages": []},
+                headers={"authorization": f"Bearer {KEYS['acme']}"},
+            )
+            assert resp.status == 200
+        assert upstream.received[-1].json["cache_salt"].startswith("ns1.")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await proc.wait() == 0
+        assert proc.stderr is not None
+        logs = (await proc.stderr.read()).decode()
+    assert logs.count('"msg":"serving"') == 2
+    assert '"tenant":"acme"' in logs and KEYS["acme"] not in logs
