@@ -17,7 +17,9 @@ import random
 import secrets
 import statistics
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -191,11 +193,16 @@ async def measure(target: Target, args: argparse.Namespace) -> list[ScenarioResu
         return results
 
 
+def _import_repo_root() -> None:
+    """The launchers live beside the interop tests; make them importable when run as a file."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+
+
 @contextlib.contextmanager
 def vllm_target(args: argparse.Namespace) -> Iterator[Target]:
     """Start vLLM from .venv-vllm (flags as the interop tests use) and yield it as a target."""
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
+    _import_repo_root()
     from tests.interop.vllm_server import SERVED_MODEL, VllmConfig, running_vllm
 
     with running_vllm(VllmConfig(kv_cache_gib=2)) as url:
@@ -204,14 +211,35 @@ def vllm_target(args: argparse.Namespace) -> Iterator[Target]:
 
 @contextlib.contextmanager
 def backend_target(args: argparse.Namespace) -> Iterator[Target]:
-    """Start kvfence's own backend and yield it as a target.
+    """Start `kvfence backend` with throwaway keys; every request carries a fresh signed handle."""
+    _import_repo_root()
+    from kvfence.handle import HANDLE_HEADER, HandleSigner
+    from kvfence.keyfile import generate_key, trust_entry, write_private_key, write_trust_file
+    from tests.interop.vllm_server import free_port, running_server
 
-    To do: start `kvfence backend --model smollm2 ...` on a free port with a fresh key pair, poll
-    /healthz with a deadline, and yield a Target whose `headers` factory mints a fresh signed
-    handle per request (handles are single-use), then stop the server.
-    """
-    raise NotImplementedError("--backend is not wired yet; measure a running one with --url")
-    yield  # pragma: no cover
+    gateway_key, audience = generate_key(), "bench-backend"
+    signer = HandleSigner(gateway_key, "bench-gw")
+    namespace = "bench." + secrets.token_hex(8)
+    with tempfile.TemporaryDirectory(prefix="kvfence-bench-") as tmp:
+        trust, signing = Path(tmp) / "trust.json", Path(tmp) / "backend.key"
+        write_trust_file(trust, [trust_entry("bench-gw", gateway_key.public_key())])
+        write_private_key(signing, generate_key())
+        port = free_port()
+        command = [
+            str(Path(sys.executable).with_name("kvfence")), "backend",
+            "--model", args.backend_model, "--served-name", args.model,
+            "--trust", str(trust), "--signing-key", str(signing), "--id", audience,
+            "--port", str(port), "--threads", str(args.backend_threads),
+            *args.backend_arg,
+        ]  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+
+        def handle() -> Mapping[str, str]:
+            token = signer.sign(namespace, args.model, "1", uuid.uuid4().hex, audience)
+            return {HANDLE_HEADER: token}
+
+        with running_server(command, f"{url}/healthz", dict(os.environ), 300.0):
+            yield Target("kvfence-backend", url, args.model, headers=handle)
 
 
 @contextlib.contextmanager
@@ -289,23 +317,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--request-timeout-s", type=float, default=300.0)
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    p.add_argument("--backend-model", default="smollm2", help="--model for kvfence backend")
+    p.add_argument("--backend-threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--backend-arg", action="append", default=[], help="extra backend option")
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     starter = vllm_target if args.vllm else backend_target if args.backend else url_target
-    try:
-        return _run(starter, args)
-    except NotImplementedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-def _run(
-    starter: Callable[[argparse.Namespace], contextlib.AbstractContextManager[Target]],
-    args: argparse.Namespace,
-) -> int:
     with starter(args) as target:
         print(
             f"{'target':<16} {'streams':>7} {'prefix':>6} {'tokens/s':>9} "

@@ -25,8 +25,8 @@ MODEL_DIR = REPO_ROOT / ".models" / "smollm2-hf"
 SERVED_MODEL = "smollm2"
 
 
-class VllmStartError(RuntimeError):
-    """vLLM exited or did not become healthy before the deadline; the message carries its log."""
+class ServerStartError(RuntimeError):
+    """The server exited or did not become healthy before the deadline; the message has its log."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,27 +81,27 @@ def vllm_command(cfg: VllmConfig, port: int) -> list[str]:
     ]
 
 
-def _healthy(base_url: str) -> bool:
+def _healthy(url: str) -> bool:
     try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as resp:
+        with urllib.request.urlopen(url, timeout=2) as resp:
             return bool(resp.status == 200)
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False
 
 
-def _wait_healthy(proc: subprocess.Popen[bytes], base_url: str, deadline: float) -> None:
+def _wait_healthy(proc: subprocess.Popen[bytes], health_url: str, deadline: float) -> None:
     while time.monotonic() < deadline:
-        if _healthy(base_url):
+        if _healthy(health_url):
             return
         # Waiting on the process doubles as the poll interval and notices an early exit at once.
         with contextlib.suppress(subprocess.TimeoutExpired):
             code = proc.wait(timeout=0.5)
-            raise VllmStartError(f"vLLM exited with status {code} before becoming healthy")
-    raise VllmStartError("vLLM did not answer /health before the deadline")
+            raise ServerStartError(f"the server exited with status {code} before becoming healthy")
+    raise ServerStartError(f"{health_url} did not answer 200 before the deadline")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Terminate vLLM's process group (the API server and its engine core), then reap it."""
+    """Terminate the server's process group (vLLM: API server and engine core), then reap it."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -121,20 +121,15 @@ def _log_tail(log: Path, limit: int = 4000) -> str:
 
 
 @contextlib.contextmanager
-def running_vllm(config: VllmConfig | None = None) -> Iterator[str]:
-    """Run vLLM for the duration of the block; yields its base URL (http://127.0.0.1:PORT)."""
-    cfg = config or VllmConfig()
-    reason = missing_reason(cfg)
-    if reason is not None:
-        raise VllmStartError(reason)
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(cfg.kv_cache_gib))
-    with tempfile.TemporaryDirectory(prefix="kvfence-vllm-") as tmp:
-        log = Path(tmp) / "vllm.log"
+def running_server(
+    command: list[str], health_url: str, env: dict[str, str], ready_timeout_s: float
+) -> Iterator[None]:
+    """Run `command` in its own process group until the block ends; enter once health is 200."""
+    with tempfile.TemporaryDirectory(prefix="kvfence-server-") as tmp:
+        log = Path(tmp) / "server.log"
         with log.open("wb") as sink:
             proc = subprocess.Popen(
-                vllm_command(cfg, port),
+                command,
                 stdout=sink,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -144,9 +139,23 @@ def running_vllm(config: VllmConfig | None = None) -> Iterator[str]:
             )
         try:
             try:
-                _wait_healthy(proc, base_url, time.monotonic() + cfg.ready_timeout_s)
-            except VllmStartError as exc:
-                raise VllmStartError(f"{exc}\n--- vLLM log tail ---\n{_log_tail(log)}") from None
-            yield base_url
+                _wait_healthy(proc, health_url, time.monotonic() + ready_timeout_s)
+            except ServerStartError as exc:
+                raise ServerStartError(f"{exc}\n--- server log tail ---\n{_log_tail(log)}") from None
+            yield
         finally:
             _stop(proc)
+
+
+@contextlib.contextmanager
+def running_vllm(config: VllmConfig | None = None) -> Iterator[str]:
+    """Run vLLM for the duration of the block; yields its base URL (http://127.0.0.1:PORT)."""
+    cfg = config or VllmConfig()
+    reason = missing_reason(cfg)
+    if reason is not None:
+        raise ServerStartError(reason)
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(cfg.kv_cache_gib))
+    with running_server(vllm_command(cfg, port), f"{base_url}/health", env, cfg.ready_timeout_s):
+        yield base_url
