@@ -24,6 +24,8 @@ from kvfence.keyfile import TrustStore, b64url, b64url_decode, check_key_id
 HANDLE_HEADER: Final = "x-kvfence-handle"
 ATTESTATION_HEADER: Final = "x-kvfence-attestation"
 ATTESTATION_EVENT: Final = "kvfence-attestation"
+# The JSON field of that event's data (a valid first chunk) that holds the attestation.
+ATTESTATION_FIELD: Final = "kvfence_attestation"
 HANDLE_PREFIX: Final = "kvh1"
 MAX_TOKEN_CHARS: Final = 8192
 

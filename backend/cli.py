@@ -1,0 +1,126 @@
+"""`kvfence backend`: load the model, build the engine and serve it over HTTP.
+
+Invariant: start-up fails with one clear line and a non-zero exit on any bad input (model path,
+key or trust file); nothing is served until the model, keys and engine are all in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from backend.model.errors import ModelLoadError
+from kvfence.keyfile import KeyFileError
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+log = logging.getLogger("kvfence.backend")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2", help="smollm2, a .gguf file or an HF dir")
+    parser.add_argument("--served-name", default=None, help="model name clients use")
+    parser.add_argument("--revision", default="1", help="model revision handles must name")
+    parser.add_argument(
+        "--trust", required=True, type=Path, help="trust file of the keys that may sign handles"
+    )
+    parser.add_argument(
+        "--signing-key",
+        required=True,
+        type=Path,
+        help="this backend's Ed25519 private key (PEM) for attestations",
+    )
+    parser.add_argument("--id", default="kvfence-backend", help="audience handles must name")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--kv-blocks", type=int, default=4096)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-step-tokens", type=int, default=512)
+    parser.add_argument(
+        "--namespace-quota",
+        type=float,
+        default=1.0,
+        help="largest share of KV blocks one namespace may hold",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--log-level", default="info")
+    # Test-only fault injection: maps another namespace's cached block into new requests.
+    parser.add_argument("--fault-foreign-block", action="store_true", help=argparse.SUPPRESS)
+
+
+def main(args: argparse.Namespace) -> int:
+    from kvfence.logs import configure_logging
+
+    configure_logging(args.log_level)
+    try:
+        app = build(args)
+    except (ModelLoadError, KeyFileError, ValueError) as exc:
+        print(f"kvfence backend: {exc}", file=sys.stderr)
+        return 2
+    from aiohttp import web
+
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    web.run_app(
+        app, host=args.host, port=args.port, handler_cancellation=True, access_log=None, print=None
+    )
+    return 0
+
+
+def build(args: argparse.Namespace) -> web.Application:
+    import torch
+
+    from backend.engine.engine import Engine, EngineConfig
+    from backend.model.load import load_model
+    from backend.runner import ModelRunner
+    from backend.server import Backend, ServedModel, create_app
+    from backend.worker import EngineWorker
+    from kvfence.attestation import AttestationSigner
+    from kvfence.handle import HandleVerifier
+    from kvfence.keyfile import TrustStore, load_private_key
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    trust = TrustStore.from_file(args.trust)
+    signing_key = load_private_key(args.signing_key)
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+    runner = ModelRunner(loaded, num_blocks=args.kv_blocks, block_size=args.block_size)
+    config = EngineConfig(
+        num_blocks=args.kv_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_step_tokens=args.max_step_tokens,
+        namespace_quota=args.namespace_quota,
+        fault_foreign_block=args.fault_foreign_block,
+    )
+    engine = Engine(runner, config)
+    name = args.served_name or loaded.name
+    model = ServedModel(name, args.revision, loaded.config.max_positions)
+    signer = AttestationSigner(signing_key, args.signing_key.stem, args.id)
+    backend = Backend(
+        EngineWorker(engine), loaded.tokenizer, model, HandleVerifier(trust, args.id), signer
+    )
+    log.info(
+        "backend ready to serve",
+        extra={
+            "model": name,
+            "device": str(loaded.device),
+            "dtype": str(loaded.dtype),
+            "kv_blocks": args.kv_blocks,
+            "kv_bytes": runner.kv_cache_bytes(),
+            "audience": args.id,
+        },
+    )
+    return create_app(backend)

@@ -1,0 +1,202 @@
+"""The engine thread: the only thread that touches the Engine (and so the KV pool and torch).
+
+Invariant: the event loop never calls the engine directly; it sends commands through a queue and
+receives each step's outputs on the loop, so a model step never blocks request handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from backend.engine.engine import Engine, StepOutput
+from backend.engine.plan import SamplingParams
+from kvfence.capability import Namespace
+
+log = logging.getLogger("kvfence.backend.worker")
+
+
+class EngineFailed(RuntimeError):
+    """The engine thread died; every open request ends with this error."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    key: int
+    namespace: Namespace
+    prompt: list[int]
+    sampling: SamplingParams
+    eos: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    key: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    fn: Callable[[Engine], Any]
+    future: asyncio.Future[Any]
+
+
+_Command = _Add | _Abort | _Call | None
+
+
+class EngineWorker:
+    """Runs `Engine.step()` in a loop on one thread; requests stream outputs through queues."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._streams: dict[int, asyncio.Queue[StepOutput | BaseException]] = {}
+        self._keys = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="kvfence-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._commands.put(None)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30.0)
+
+    @property
+    def healthy(self) -> bool:
+        return self._error is None and self._thread is not None and self._thread.is_alive()
+
+    def submit(
+        self,
+        namespace: Namespace,
+        prompt: list[int],
+        sampling: SamplingParams,
+        eos: tuple[int, ...],
+    ) -> tuple[int, asyncio.Queue[StepOutput | BaseException]]:
+        if self._error is not None:
+            raise EngineFailed("the engine has stopped") from self._error
+        key = next(self._keys)
+        stream: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
+        self._streams[key] = stream
+        self._commands.put(_Add(key, namespace, prompt, sampling, eos))
+        return key, stream
+
+    def abort(self, key: int) -> None:
+        """Frees the request's blocks at once (on the engine thread's next turn)."""
+        if self._streams.pop(key, None) is not None:
+            self._commands.put(_Abort(key))
+
+    def done(self, key: int) -> None:
+        self._streams.pop(key, None)
+
+    async def call(self, fn: Callable[[Engine], Any]) -> Any:
+        """Runs `fn(engine)` on the engine thread between steps (flush, stats)."""
+        assert self._loop is not None
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._commands.put(_Call(fn, future))
+        return await future
+
+    # engine thread
+
+    def _run(self) -> None:
+        seq_of: dict[int, int] = {}
+        key_of: dict[int, int] = {}
+        try:
+            while True:
+                block = not self._engine.has_work()
+                if not self._drain(block, seq_of, key_of):
+                    return
+                if self._engine.has_work():
+                    outputs = self._engine.step()
+                    routed = [(key_of.get(o.seq_id, 0), o) for o in outputs]
+                    for o in outputs:
+                        if o.finished:
+                            key = key_of.pop(o.seq_id, 0)
+                            seq_of.pop(key, None)
+                    self._post(self._deliver, routed)
+        except BaseException as exc:  # the thread must report any death to every waiting request
+            log.exception("engine thread failed")
+            self._error = exc
+            self._post(self._fail_all, exc)
+
+    def _drain(self, block: bool, seq_of: dict[int, int], key_of: dict[int, int]) -> bool:
+        while True:
+            try:
+                command = self._commands.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if command is None:
+                return False
+            if isinstance(command, _Add):
+                self._add(command, seq_of, key_of)
+            elif isinstance(command, _Abort):
+                seq = seq_of.pop(command.key, None)
+                if seq is not None:
+                    key_of.pop(seq, None)
+                    self._engine.abort(seq)
+            else:
+                self._call(command)
+
+    def _add(self, command: _Add, seq_of: dict[int, int], key_of: dict[int, int]) -> None:
+        try:
+            seq = self._engine.add(command.namespace, command.prompt, command.sampling, command.eos)
+        except ValueError as exc:
+            self._post(self._deliver_error, command.key, exc)
+            return
+        seq_of[command.key] = seq
+        key_of[seq] = command.key
+
+    def _call(self, command: _Call) -> None:
+        try:
+            result = command.fn(self._engine)
+        except Exception as exc:  # handed to the awaiting coroutine, not swallowed
+            self._post(_settle_error, command.future, exc)
+        else:
+            self._post(_settle, command.future, result)
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    # event loop side
+
+    def _deliver(self, routed: list[tuple[int, StepOutput]]) -> None:
+        for key, output in routed:
+            stream = self._streams.get(key)
+            if stream is not None:
+                stream.put_nowait(output)
+                if output.finished:
+                    self._streams.pop(key, None)
+
+    def _deliver_error(self, key: int, exc: BaseException) -> None:
+        stream = self._streams.pop(key, None)
+        if stream is not None:
+            stream.put_nowait(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        failure = EngineFailed("the engine has stopped")
+        failure.__cause__ = exc
+        for stream in self._streams.values():
+            stream.put_nowait(failure)
+        self._streams.clear()
+
+
+def _settle(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _settle_error(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

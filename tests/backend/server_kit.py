@@ -1,0 +1,65 @@
+"""Builds a real backend app (engine, runner, handle verifier, attestation signer) for HTTP tests,
+with a gateway-side key that signs handles the way the gateway does."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from backend.engine.engine import Engine, EngineConfig
+from backend.model.load import LoadedModel
+from backend.runner import ModelRunner
+from backend.server import Backend, ServedModel
+from backend.worker import EngineWorker
+from kvfence.attestation import AttestationSigner, AttestationVerifier
+from kvfence.handle import HandleSigner, HandleVerifier
+from kvfence.keyfile import TrustStore, generate_key
+
+AUDIENCE = "backend-test"
+
+
+@dataclass
+class Kit:
+    backend: Backend
+    signer: HandleSigner  # the gateway's key: the backend trusts it
+    attestations: AttestationVerifier
+    engine: Engine
+    model: str
+    revision: str
+
+    def handle(
+        self,
+        namespace: str,
+        *,
+        model: str | None = None,
+        audience: str = AUDIENCE,
+        ttl: float = 60.0,
+        request_id: str | None = None,
+    ) -> str:
+        return self.signer.sign(
+            namespace,
+            model or self.model,
+            self.revision,
+            request_id or uuid.uuid4().hex,
+            audience,
+            ttl,
+        )
+
+
+def make_kit(loaded: LoadedModel, *, num_blocks: int = 256, fault: bool = False) -> Kit:
+    gateway_key, backend_key = generate_key(), generate_key()
+    trust = TrustStore({"gw": gateway_key.public_key()})
+    runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=16)
+    engine = Engine(
+        runner, EngineConfig(num_blocks=num_blocks, block_size=16, fault_foreign_block=fault)
+    )
+    served = ServedModel(loaded.name, "1", loaded.config.max_positions)
+    backend = Backend(
+        EngineWorker(engine),
+        loaded.tokenizer,
+        served,
+        HandleVerifier(trust, AUDIENCE),
+        AttestationSigner(backend_key, "be", AUDIENCE),
+    )
+    verifier = AttestationVerifier(TrustStore({"be": backend_key.public_key()}))
+    return Kit(backend, HandleSigner(gateway_key, "gw"), verifier, engine, loaded.name, "1")

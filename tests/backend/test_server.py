@@ -1,0 +1,253 @@
+"""The backend over real HTTP on loopback: handles checked before the engine, namespaces that
+never share cache, attestations that say which namespaces' blocks a response used."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from openai import AsyncOpenAI
+
+from backend.model.load import LoadedModel
+from backend.server import create_app
+from kvfence.attestation import Attestation, Verdict, check_attestation
+from kvfence.handle import (
+    ATTESTATION_EVENT,
+    ATTESTATION_FIELD,
+    ATTESTATION_HEADER,
+    HANDLE_HEADER,
+    HandleSigner,
+)
+from kvfence.keyfile import generate_key
+
+from .server_kit import Kit, make_kit
+
+Client = TestClient[web.Request, web.Application]
+MakeClient = Callable[[web.Application], Awaitable[Client]]
+
+
+@pytest.fixture
+async def tiny(aiohttp_client: MakeClient, tiny_model: LoadedModel) -> tuple[Kit, Client]:
+    kit = make_kit(tiny_model)
+    return kit, await aiohttp_client(create_app(kit.backend))
+
+
+@pytest.fixture(scope="module")
+def smol_kit(smollm2: LoadedModel) -> Callable[..., Kit]:
+    return lambda **kw: make_kit(smollm2, **kw)
+
+
+async def test_requests_without_a_valid_handle_never_reach_the_engine(
+    tiny: tuple[Kit, Client],
+) -> None:
+    kit, client = tiny
+    submitted: list[Any] = []
+    real_submit = kit.backend.worker.submit
+
+    def spy(*args: Any) -> Any:
+        submitted.append(args)
+        return real_submit(*args)
+
+    kit.backend.worker.submit = spy  # type: ignore[method-assign]
+    body = {"model": kit.model, "prompt": "hello", "max_tokens": 2}
+    forged = HandleSigner(generate_key(), "gw").sign("ns-a", kit.model, "1", "r1", "backend-test")
+    stale = HandleSigner(kit.signer._key, "gw", clock=lambda: time.time() - 600)
+    cases = [
+        ({}, 401, "missing_handle"),
+        ({HANDLE_HEADER: "kvh1.garbage"}, 401, "malformed"),
+        ({HANDLE_HEADER: forged}, 401, "bad_signature"),
+        ({HANDLE_HEADER: stale.sign("ns-a", kit.model, "1", "r2", "backend-test")}, 401, "expired"),
+        ({HANDLE_HEADER: kit.handle("ns-a", audience="another-backend")}, 403, "wrong_audience"),
+        ({HANDLE_HEADER: kit.handle("ns-a", model="another-model")}, 403, "wrong_model"),
+    ]
+    for headers, status, code in cases:
+        resp = await client.post("/v1/completions", json=body, headers=headers)
+        assert resp.status == status, (code, await resp.text())
+        assert (await resp.json())["error"]["code"] == code
+    assert submitted == []
+
+    once = kit.handle("ns-a")
+    first = await client.post("/v1/completions", json=body, headers={HANDLE_HEADER: once})
+    assert first.status == 200
+    replay = await client.post("/v1/completions", json=body, headers={HANDLE_HEADER: once})
+    assert replay.status == 401
+    assert (await replay.json())["error"]["code"] == "replayed"
+    assert len(submitted) == 1
+
+
+async def test_malformed_bodies_get_400_not_a_crash(tiny: tuple[Kit, Client]) -> None:
+    kit, client = tiny
+    for raw in [
+        b"{",
+        b"[]",
+        b'{"model": 3}',
+        b'{"model": "tiny", "prompt": ""}',
+        b'{"model": "tiny", "prompt": "x", "max_tokens": -1}',
+        b'{"model": "tiny", "messages": [{"role": "user"}]}',
+    ]:
+        resp = await client.post(
+            "/v1/completions", data=raw, headers={HANDLE_HEADER: kit.handle("ns-a")}
+        )
+        assert resp.status == 400, raw
+        assert (await resp.json())["error"]["type"] == "invalid_request_error"
+
+
+async def test_attestation_header_verifies_and_names_the_request(tiny: tuple[Kit, Client]) -> None:
+    kit, client = tiny
+    handle = kit.handle("ns-a", request_id="req-42")
+    resp = await client.post(
+        "/v1/completions",
+        headers={HANDLE_HEADER: handle},
+        json={"model": kit.model, "prompt": "abc", "max_tokens": 3},
+    )
+    assert resp.status == 200
+    att = kit.attestations.verify(resp.headers[ATTESTATION_HEADER])
+    assert (att.request_id, att.namespace) == ("req-42", "ns-a")
+    assert att.block_namespaces == frozenset({"ns-a"})
+    assert check_attestation(att, "req-42", "ns-a") == Verdict.CLEAN
+    usage = (await resp.json())["usage"]
+    assert usage["completion_tokens"] == 3
+    assert usage["prompt_tokens_details"]["cached_tokens"] == att.cached_tokens == 0
+
+
+async def test_client_disconnect_frees_its_blocks(tiny: tuple[Kit, Client]) -> None:
+    kit, client = tiny
+    resp = await client.post(
+        "/v1/completions",
+        headers={HANDLE_HEADER: kit.handle("ns-a")},
+        json={"model": kit.model, "prompt": "x" * 40, "max_tokens": 200, "stream": True},
+    )
+    await resp.content.readline()
+    resp.close()
+    deadline = time.monotonic() + 10
+    while True:
+        stats = await kit.backend.worker.call(lambda engine: engine.stats())
+        if stats.running == 0 and stats.blocks_used == 0:
+            break
+        assert time.monotonic() < deadline, stats
+        await asyncio.sleep(0.01)
+
+
+def _random_text(words: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=5)) for _ in range(words))
+
+
+async def _complete(
+    client: Client, kit: Kit, ns: str, prompt: str
+) -> tuple[dict[str, Any], Attestation]:
+    resp = await client.post(
+        "/v1/completions",
+        headers={HANDLE_HEADER: kit.handle(ns)},
+        json={"model": kit.model, "prompt": prompt, "max_tokens": 2, "temperature": 0},
+    )
+    assert resp.status == 200, await resp.text()
+    return await resp.json(), kit.attestations.verify(resp.headers[ATTESTATION_HEADER])
+
+
+@pytest.mark.slow
+async def test_same_prompt_in_two_namespaces_shares_nothing(
+    aiohttp_client: MakeClient, smol_kit: Callable[..., Kit]
+) -> None:
+    kit = smol_kit()
+    client = await aiohttp_client(create_app(kit.backend))
+    prompt = _random_text(60, seed=1)
+    first, _ = await _complete(client, kit, "tenant-a", prompt)
+    again, att_again = await _complete(client, kit, "tenant-a", prompt)
+    other, att_other = await _complete(client, kit, "tenant-b", prompt)
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    # The positive control: the same namespace hits its own cache.
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16
+    assert att_again.block_namespaces == frozenset({"tenant-a"})
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert att_other.cached_tokens == 0
+    assert att_other.block_namespaces == frozenset({"tenant-b"})
+
+
+@pytest.mark.slow
+async def test_reference_answer_and_streaming_with_the_openai_client(
+    aiohttp_client: MakeClient, smol_kit: Callable[..., Kit]
+) -> None:
+    kit = smol_kit()
+    client = await aiohttp_client(create_app(kit.backend))
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+
+    def openai(ns: str) -> AsyncOpenAI:
+        return AsyncOpenAI(
+            base_url=str(client.make_url("/v1")),
+            api_key="unused",
+            default_headers={HANDLE_HEADER: kit.handle(ns)},
+            max_retries=0,
+        )
+
+    async with openai("tenant-a") as oa:
+        answer = await oa.chat.completions.create(
+            model=kit.model,
+            messages=question,  # type: ignore[arg-type]
+            temperature=0,
+            max_tokens=12,
+        )
+    assert (answer.choices[0].message.content or "").startswith("The capital of France is Paris")
+    pieces = []
+    async with openai("tenant-a") as oa:
+        stream = await oa.chat.completions.create(
+            model=kit.model,
+            messages=question,  # type: ignore[arg-type]
+            temperature=0,
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        usage = None
+        async for chunk in stream:
+            if chunk.choices:
+                pieces.append(chunk.choices[0].delta.content or "")
+            usage = chunk.usage or usage
+    assert "".join(pieces) == answer.choices[0].message.content
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert (usage.prompt_tokens_details.cached_tokens or 0) > 0  # the same chat prompt again
+
+
+@pytest.mark.slow
+async def test_streaming_sends_the_attestation_before_any_token(
+    aiohttp_client: MakeClient, smol_kit: Callable[..., Kit]
+) -> None:
+    kit = smol_kit()
+    client = await aiohttp_client(create_app(kit.backend))
+    resp = await client.post(
+        "/v1/chat/completions",
+        headers={HANDLE_HEADER: kit.handle("t-a")},
+        json={
+            "model": kit.model,
+            "stream": True,
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Hi"}],
+        },
+    )
+    raw = (await resp.read()).decode()
+    events = [e for e in raw.split("\n\n") if e]
+    assert events[0].startswith(f"event: {ATTESTATION_EVENT}\ndata: ")
+    head = orjson.loads(events[0].split("data: ", 1)[1])
+    assert head["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    att = kit.attestations.verify(head[ATTESTATION_FIELD])
+    assert att.namespace == "t-a" and att.block_namespaces == frozenset({"t-a"})
+    assert events[-1] == "data: [DONE]"
+
+
+@pytest.mark.slow
+async def test_fault_injection_shows_a_foreign_namespace_in_the_attestation(
+    aiohttp_client: MakeClient, smol_kit: Callable[..., Kit]
+) -> None:
+    kit = smol_kit(fault=True)
+    client = await aiohttp_client(create_app(kit.backend))
+    await _complete(client, kit, "tenant-a", _random_text(40, seed=2))
+    _, att = await _complete(client, kit, "tenant-b", _random_text(40, seed=3))
+    assert "tenant-a" in att.block_namespaces
+    assert check_attestation(att, att.request_id, "tenant-b") == Verdict.VIOLATION
