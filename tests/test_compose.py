@@ -40,8 +40,17 @@ def _networks(service: dict[str, Any]) -> set[str]:
 
 
 def _service_secrets(service: dict[str, Any]) -> set[str]:
-    refs = service.get("secrets", [])
-    return {r if isinstance(r, str) else r["source"] for r in refs}
+    return set(_secret_mounts(service).values())
+
+
+def _secret_mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Path inside the container -> the secret mounted there."""
+    mounts = {}
+    for ref in service.get("secrets", []):
+        source, target = (ref, ref) if isinstance(ref, str) else (ref["source"], ref.get("target"))
+        target = target or source
+        mounts[target if target.startswith("/") else SECRETS_DIR + target] = source
+    return mounts
 
 
 def _option(args: list[str], flag: str) -> str:
@@ -177,9 +186,10 @@ def test_every_file_a_command_names_is_mounted(name: str) -> None:
     targets = {v.split(":")[1] for v in service.get("volumes", [])}
     for arg in map(str, service["command"]):
         if arg.startswith(SECRETS_DIR):
-            assert arg[len(SECRETS_DIR) :] in _service_secrets(service), arg
+            assert arg in _secret_mounts(service), f"{arg} is not mounted into {name}"
         elif arg.startswith("/etc/kvfence/"):
             assert arg in targets, f"{arg} is not mounted into {name}"
+        assert not arg.startswith("--fault"), "fault injection is for tests only"
 
 
 def _secret_refs(node: Any, source: str) -> list[str]:
@@ -197,10 +207,9 @@ def test_policy_reads_secrets_the_gateway_mounts() -> None:
     policy = yaml.safe_load(POLICY_FILE.read_text())
     files = _secret_refs(policy, "file")
     assert files, "the compose policy reads no secret files"
-    mounted = _service_secrets(SERVICES["gateway"])
+    mounted = _secret_mounts(SERVICES["gateway"])
     for path in files:
-        assert path.startswith(SECRETS_DIR), f"{path} is not a compose secret"
-        assert path[len(SECRETS_DIR) :] in mounted, f"{path} is not mounted into the gateway"
+        assert path in mounted, f"{path} is not a secret mounted into the gateway"
     assert _secret_refs(policy, "env") == [], "compose passes secrets as files, not env"
 
 
@@ -209,10 +218,14 @@ def test_policy_backends_match_the_services_they_name() -> None:
     by_kind = {b["kind"]: b for b in policy["backends"]}
     ours = by_kind["kvfence"]
     url = urlsplit(ours["url"])
-    backend_args = [str(a) for a in SERVICES["backend"]["command"]]
+    args = _parse_kvfence_args([str(a) for a in SERVICES["backend"]["command"]])
     assert url.hostname == "backend"
-    assert str(url.port) == _option(backend_args, "--port")
-    assert ours["audience"] == _option(backend_args, "--id")
+    assert url.port == args.port
+    assert ours["audience"] == args.id
+    # What the backend serves: the model name (the spec itself for the packaged model) and the
+    # revision its handles must name.
+    served = {"name": args.served_name or args.model, "revision": args.revision}
+    assert ours["models"] == [served]
     vllm = urlsplit(by_kind["vllm"]["url"])
     assert vllm.hostname == "vllm"
     served = _option([str(a) for a in SERVICES["vllm"]["command"]], "--served-model-name")
@@ -258,13 +271,17 @@ def test_documented_setup_makes_every_secret_and_the_policy_loads(tmp_path: Path
     keyfile = importlib.import_module("kvfence.keyfile")
     keyfile.load_private_key(files["gateway_signing_key"])
     keyfile.load_private_key(files["backend_signing_key"])
-    assert "backend-1" in keyfile.TrustStore.from_file(files["backend_trust"])
     gateway_trust = keyfile.TrustStore.from_file(files["gateway_trust"])
 
     load_policy = _import_or_skip("gateway.policy_load").load_policy
+    # The backend signs attestations under its key file's stem; the gateway must trust that id.
+    backend_args = [str(a) for a in SERVICES["backend"]["command"]]
+    attestation_key_id = Path(_option(backend_args, "--signing-key")).stem
+    assert attestation_key_id in keyfile.TrustStore.from_file(files["backend_trust"])
+
     text = POLICY_FILE.read_text()
-    for name, path in files.items():
-        text = text.replace(SECRETS_DIR + name + "}", f"{path}}}")
+    for mount, name in _secret_mounts(SERVICES["gateway"]).items():
+        text = text.replace(mount + "}", f"{files[name]}}}")
     unmounted = [f for f in _secret_refs(yaml.safe_load(text), "file") if SECRETS_DIR in f]
     assert unmounted == [], "the policy names a secret compose does not declare"
     local = tmp_path / "policy.yaml"
