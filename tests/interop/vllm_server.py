@@ -1,7 +1,8 @@
-"""Starts a real vLLM OpenAI server from .venv-vllm on a free loopback port and stops it again.
+"""Starts a real vLLM OpenAI server from .venv-vllm (or, with `running_server`, any local server)
+on a free loopback port and stops it again.
 
-Invariant: `running_vllm` yields a base URL only after /health answered 200, and on exit no process
-it started is left running.
+Invariant: the block is entered only after the health URL answered 200, and on exit no process
+started for it is left running.
 """
 
 from __future__ import annotations
@@ -141,7 +142,8 @@ def running_server(
             try:
                 _wait_healthy(proc, health_url, time.monotonic() + ready_timeout_s)
             except ServerStartError as exc:
-                raise ServerStartError(f"{exc}\n--- server log tail ---\n{_log_tail(log)}") from None
+                tail = _log_tail(log)
+                raise ServerStartError(f"{exc}\n--- server log tail ---\n{tail}") from None
             yield
         finally:
             _stop(proc)
