@@ -35,6 +35,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="this backend's Ed25519 private key (PEM) for attestations",
     )
+    parser.add_argument(
+        "--key-id",
+        default=None,
+        help="key id of --signing-key in trust files (default: its file name)",
+    )
     parser.add_argument("--id", default="kvfence-backend", help="audience handles must name")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -108,7 +113,7 @@ def build(args: argparse.Namespace) -> web.Application:
     engine = Engine(runner, config)
     name = args.served_name or loaded.name
     model = ServedModel(name, args.revision, loaded.config.max_positions)
-    signer = AttestationSigner(signing_key, args.signing_key.stem, args.id)
+    signer = AttestationSigner(signing_key, args.key_id or args.signing_key.stem, args.id)
     backend = Backend(
         EngineWorker(engine), loaded.tokenizer, model, HandleVerifier(trust, args.id), signer
     )
