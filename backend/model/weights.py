@@ -23,15 +23,16 @@ def build_llama(
     device: torch.device,
     dtype: torch.dtype,
 ) -> Llama:
-    """tensors: Hugging Face names -> weights (any float dtype, any device)."""
+    """tensors: Hugging Face names -> weights (any float dtype, any device); matrices of the
+    decoder layers are converted to `dtype`."""
 
-    def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def take(name: str, shape: tuple[int, ...], exact: bool = False) -> torch.Tensor:
         if name not in tensors:
             raise ModelLoadError(f"tensor {name} is missing")
         t = tensors[name]
         if tuple(t.shape) != shape:
             raise ModelLoadError(f"tensor {name} has shape {tuple(t.shape)}, expected {shape}")
-        return t.to(device=device, dtype=dtype)
+        return t.to(device=device, dtype=torch.float32 if exact else dtype)
 
     c = config
     layers = []
@@ -44,17 +45,20 @@ def build_llama(
         up = take(p + "mlp.up_proj.weight", (c.ffn, c.hidden))
         layers.append(
             LayerWeights(
-                attn_norm=take(p + "input_layernorm.weight", (c.hidden,)),
+                attn_norm=take(p + "input_layernorm.weight", (c.hidden,), exact=True),
                 qkv=torch.cat((q, k, v)).contiguous(),
                 o=take(p + "self_attn.o_proj.weight", (c.hidden, c.q_size)),
-                ffn_norm=take(p + "post_attention_layernorm.weight", (c.hidden,)),
+                ffn_norm=take(p + "post_attention_layernorm.weight", (c.hidden,), exact=True),
                 gate_up=torch.cat((gate, up)).contiguous(),
                 down=take(p + "mlp.down_proj.weight", (c.hidden, c.ffn)),
             )
         )
-    embed = take("model.embed_tokens.weight", (c.vocab, c.hidden))
-    lm_head = None if c.tie_embeddings else take("lm_head.weight", (c.vocab, c.hidden))
-    return Llama(c, embed, layers, take("model.norm.weight", (c.hidden,)), lm_head)
+    # Embedding, head and norms stay float32 whatever the dtype (see backend.model.llama).
+    embed = take("model.embed_tokens.weight", (c.vocab, c.hidden), exact=True)
+    lm_head = None
+    if not c.tie_embeddings:
+        lm_head = take("lm_head.weight", (c.vocab, c.hidden), exact=True)
+    return Llama(c, embed, layers, take("model.norm.weight", (c.hidden,), exact=True), lm_head)
 
 
 def to_hf_tensors(model: Llama) -> dict[str, torch.Tensor]:

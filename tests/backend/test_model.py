@@ -1,0 +1,56 @@
+"""The decoder's arithmetic: causality, row selection, and the real model's reference answer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.model import LoadedModel
+from backend.model.llama import DenseCausalAttention
+
+
+def test_earlier_logits_ignore_later_tokens(tiny_model: LoadedModel) -> None:
+    a = torch.tensor([5, 17, 99, 3, 42, 8])
+    b = torch.tensor([5, 17, 99, 3, 200, 201])
+    with torch.inference_mode():
+        la = tiny_model.model.forward_dense(a)
+        lb = tiny_model.model.forward_dense(b)
+    torch.testing.assert_close(la[:4], lb[:4])
+    assert not torch.allclose(la[4:], lb[4:])
+
+
+def test_logits_index_projects_only_the_chosen_rows(tiny_model: LoadedModel) -> None:
+    ids = torch.tensor([1, 2, 3, 4, 5])
+    model = tiny_model.model
+    attention = DenseCausalAttention(tiny_model.config.group)
+    with torch.inference_mode():
+        full = model.forward(ids, torch.arange(5), attention)
+        some = model.forward(ids, torch.arange(5), attention, torch.tensor([4, 1]))
+    assert some.shape == (2, tiny_model.config.vocab)
+    torch.testing.assert_close(some, full[[4, 1]])
+
+
+def test_positions_matter(tiny_model: LoadedModel) -> None:
+    """Rotary embeddings make the same tokens at shifted positions attend differently."""
+    ids = torch.tensor([7, 8, 9])
+    attention = DenseCausalAttention(tiny_model.config.group)
+    with torch.inference_mode():
+        at_zero = tiny_model.model.forward(ids, torch.arange(3), attention)
+        shifted = tiny_model.model.forward(ids, torch.arange(3) + 40, attention)
+    # Relative positions are equal, so rotary attention scores (and logits) agree...
+    torch.testing.assert_close(at_zero, shifted, rtol=1e-4, atol=1e-4)
+    with torch.inference_mode():
+        spread = tiny_model.model.forward(ids, torch.tensor([0, 10, 20]), attention)
+    # ...while different gaps change them.
+    assert not torch.allclose(at_zero[1:], spread[1:], atol=1e-3)
+
+
+@pytest.mark.slow
+def test_dense_forward_gives_the_reference_answer(smollm2: LoadedModel) -> None:
+    tok = smollm2.tokenizer
+    text = tok.render_chat([{"role": "user", "content": "What is the capital of France?"}])
+    ids = tok.encode(text)
+    with torch.inference_mode():
+        for _ in range(8):
+            ids.append(int(smollm2.model.forward_dense(torch.tensor(ids))[-1].argmax()))
+    assert tok.decode(ids[-8:]).startswith("The capital of France is Paris.")
