@@ -27,6 +27,7 @@ from gateway.filters.body import read_body
 from gateway.filters.namespace import derive
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
+from gateway.logs import redact_headers
 from gateway.metrics import Metrics
 from gateway.policy import Policy
 from gateway.proxy import SESSION, forward
@@ -46,6 +47,7 @@ CHAIN: Final[tuple[Filter, ...]] = (
 HOLDER = web.AppKey("kvfence_policy_holder", PolicyHolder)
 _RID_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 access_log = logging.getLogger("kvfence.gateway.access")
+log = logging.getLogger("kvfence.gateway")
 
 
 async def proxied(request: web.Request) -> web.StreamResponse:
@@ -117,6 +119,8 @@ async def frame(
     rid = request.headers.get("x-request-id", "")
     request[REQUEST_ID] = rid = rid if _RID_RE.fullmatch(rid) else os.urandom(16).hex()
     status = 500
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("request", extra={"rid": rid, "headers": redact_headers(request.headers.items())})
     try:
         response = await handler(request)
         status = response.status

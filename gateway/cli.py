@@ -59,13 +59,27 @@ def _run(args: argparse.Namespace, reuse_port: bool) -> None:
         uvloop.run(_serve(args, reuse_port))
 
 
+def _child(args: argparse.Namespace) -> int:
+    """A worker; a stop signal that arrives before its event loop runs still exits cleanly."""
+
+    def early_stop(_sig: int, _frame: object) -> None:
+        raise SystemExit(0)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, early_stop)
+    try:
+        _run(args, reuse_port=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
+
+
 def _fork_workers(args: argparse.Namespace) -> int:
     children: list[int] = []
     for _ in range(args.workers):
         pid = os.fork()
         if pid == 0:
-            _run(args, reuse_port=True)
-            os._exit(0)
+            os._exit(_child(args))
         children.append(pid)
 
     def forward(sig: int, _frame: object) -> None:

@@ -28,7 +28,7 @@ _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime
 def redact_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     """A loggable copy: credential and handle headers replaced by `<redacted>`."""
     return {
-        k: "<redacted>" if k.lower().replace("_", "-") in REDACTED_HEADERS else v
+        str(k): "<redacted>" if k.lower().replace("_", "-") in REDACTED_HEADERS else v
         for k, v in headers
     }
 
