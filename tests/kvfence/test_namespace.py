@@ -13,12 +13,26 @@ from kvfence.namespace import SALT_RE, NamespaceKey, derive_namespace
 KEY = NamespaceKey("ns1", b"k" * 32)
 
 VECTORS = [
-    (KEY, ("acme", "tenant", "", "smollm2", "1"), "ns1.U-5c9URgYFNAi1z1lg5j6BOSCruLWENTDlTd9KZgcak"),
-    (KEY, ("acme", "user", "alice", "smollm2", "1"), "ns1.aKQjtiUjBWxad_8ESLHn1l1I9sdXDxT2IHcP3BoKv68"),
-    (KEY, ("acme", "session", "s-42", "smollm2", "1"),
-     "ns1.SDNLlD-cy2P1IWaNOXvzTWv76nIroSWJgnvsrUVhNnM"),
-    (NamespaceKey("ns2", bytes(range(32))), ("globex", "tenant", "", "llama-3.1-8b", "2025-01"),
-     "ns2.NDHZaFyL358lLLtNV0wM1hu_bjJm_GNEqNKr_5mxuDA"),
+    (
+        KEY,
+        ("acme", "tenant", "", "smollm2", "1"),
+        "ns1.U-5c9URgYFNAi1z1lg5j6BOSCruLWENTDlTd9KZgcak",
+    ),
+    (
+        KEY,
+        ("acme", "user", "alice", "smollm2", "1"),
+        "ns1.aKQjtiUjBWxad_8ESLHn1l1I9sdXDxT2IHcP3BoKv68",
+    ),
+    (
+        KEY,
+        ("acme", "session", "s-42", "smollm2", "1"),
+        "ns1.SDNLlD-cy2P1IWaNOXvzTWv76nIroSWJgnvsrUVhNnM",
+    ),
+    (
+        NamespaceKey("ns2", bytes(range(32))),
+        ("globex", "tenant", "", "llama-3.1-8b", "2025-01"),
+        "ns2.NDHZaFyL358lLLtNV0wM1hu_bjJm_GNEqNKr_5mxuDA",
+    ),
 ]
 
 
