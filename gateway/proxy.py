@@ -112,7 +112,10 @@ async def _relay_stream(
         if not chunk:
             break
         out = scanner.feed(chunk)
-        await resp.write(out if scanner.drop_usage else chunk)
+        if not scanner.drop_usage:
+            await resp.write(chunk)
+        elif out:  # an empty write could end the chunked body early
+            await resp.write(out)
     tail = scanner.tail()
     if tail and scanner.drop_usage:
         await resp.write(tail)
