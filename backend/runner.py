@@ -54,8 +54,9 @@ class ModelRunner:
 
     def execute(self, plan: StepPlan) -> dict[int, int]:
         """Run one step; return seq_id -> sampled token for every chunk with `sample`."""
+        limit = self.loaded.config.max_positions
         for chunk in plan.chunks:
-            validate_chunk(chunk, self.block_size, self.num_blocks)
+            validate_chunk(chunk, self.block_size, self.num_blocks, limit)
         with torch.inference_mode():
             self.zero_blocks(plan.zero_blocks)
             if not plan.chunks:

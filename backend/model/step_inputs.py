@@ -25,11 +25,13 @@ class StepInputs:
     sampled: list[Chunk]  # N chunks, in logits row order
 
 
-def validate_chunk(chunk: Chunk, block_size: int, num_blocks: int) -> None:
+def validate_chunk(chunk: Chunk, block_size: int, num_blocks: int, max_positions: int) -> None:
     """A bad table would index out of the pool (a device assert on CUDA): refuse it here."""
     end = chunk.start + len(chunk.token_ids)
     if not chunk.token_ids or chunk.start < 0:
         raise ValueError(f"sequence {chunk.seq_id}: empty chunk or negative start")
+    if end > max_positions:
+        raise ValueError(f"sequence {chunk.seq_id}: position {end} beyond the model's context")
     if len(chunk.block_table) * block_size < end:
         raise ValueError(f"sequence {chunk.seq_id}: block table does not cover position {end}")
     if any(b < 0 or b >= num_blocks for b in chunk.block_table):

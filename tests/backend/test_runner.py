@@ -71,6 +71,7 @@ def test_chunked_prefill_and_mixed_steps(tiny_model: LoadedModel) -> None:
     p0, p1 = PROMPTS[0], PROMPTS[1]
     first = runner.execute(StepPlan((prefill(1, p1, TABLES[1]),)))
     head = Chunk(0, tuple(p0[:6]), 0, tuple(TABLES[0]), False, GREEDY, 0)
+    assert runner.execute(StepPlan((head,))) == {}  # nothing to sample: nothing returned
     step1 = runner.execute(
         StepPlan((head, Chunk(1, (first[1],), len(p1), tuple(TABLES[1]), True, GREEDY, 1)))
     )
@@ -126,6 +127,9 @@ def test_bad_block_tables_are_refused(tiny_model: LoadedModel) -> None:
         runner.execute(StepPlan((prefill(0, PROMPTS[1], [4]),)))
     with pytest.raises(ValueError, match="outside the pool"):
         runner.execute(StepPlan((), zero_blocks=(9,)))
+    beyond = tiny_model.config.max_positions
+    with pytest.raises(ValueError, match="beyond the model's context"):
+        runner.execute(StepPlan((Chunk(0, (1,), beyond, (0, 1, 2), True, GREEDY, 0),)))
     assert not any(k.any() for k in runner.k_cache)
 
 
