@@ -9,9 +9,11 @@ from __future__ import annotations
 import random
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 from tests.interop.vllm_server import SERVED_MODEL
 
@@ -52,3 +54,41 @@ def cached_tokens(payload: dict[str, Any]) -> int:
     details = payload["usage"]["prompt_tokens_details"]
     assert details is not None, "vLLM must run with --enable-prompt-tokens-details"
     return int(details["cached_tokens"])
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    chunks: list[dict[str, Any]]  # every `data:` event's JSON, in order
+    done: bool  # the stream ended with `data: [DONE]`
+
+
+async def stream_chat(
+    http: aiohttp.ClientSession,
+    url: str,
+    prompt: str,
+    *,
+    salt: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    include_usage: bool = True,
+) -> Stream:
+    """A streaming chat completion of a few tokens, read to the end."""
+    body: dict[str, Any] = {
+        "model": SERVED_MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 4,
+        "stream": True,
+    }
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    if salt is not None:
+        body["cache_salt"] = salt
+    chunks: list[dict[str, Any]] = []
+    async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+        async for raw in resp.content:
+            data = raw.strip().removeprefix(b"data:").strip()
+            if data == b"[DONE]":
+                return Stream(chunks, done=True)
+            if raw.startswith(b"data:"):
+                chunks.append(orjson.loads(data))
+    return Stream(chunks, done=False)

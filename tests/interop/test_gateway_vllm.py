@@ -17,7 +17,7 @@ from gateway.policy_load import parse_policy
 from gateway.server import bound_port, start
 from kvfence.apikey import key_digest, mint_key
 from kvfence.namespace import NamespaceKey, derive_namespace
-from tests.interop.probes import cached_tokens, complete, fresh_prompt
+from tests.interop.probes import cached_tokens, complete, fresh_prompt, stream_chat
 from tests.interop.vllm_server import SERVED_MODEL
 
 pytestmark = pytest.mark.vllm
@@ -100,3 +100,19 @@ async def test_client_sent_salt_of_another_tenant_reaches_nothing(
     )
     assert status == 200, forged
     assert cached_tokens(forged) == 0
+
+
+async def test_streamed_usage_reports_the_tenants_hits_and_only_when_asked(
+    gateway_url: str, http: aiohttp.ClientSession
+) -> None:
+    prompt = fresh_prompt()
+    quiet = await stream_chat(http, gateway_url, prompt, headers=auth("alpha"), include_usage=False)
+    assert quiet.done
+    assert all(chunk.get("usage") is None for chunk in quiet.chunks)
+
+    stream = await stream_chat(http, gateway_url, prompt, headers=auth("alpha"))
+    assert stream.done
+    assert cached_tokens(stream.chunks[-1]) > 0
+
+    other = await stream_chat(http, gateway_url, prompt, headers=auth("beta"))
+    assert cached_tokens(other.chunks[-1]) == 0

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import random
 import string
-from typing import Any
 
 import aiohttp
 import orjson
 import pytest
 
-from tests.interop.probes import BLOCK_TOKENS, cached_tokens, complete, fresh_prompt, new_salt
-from tests.interop.vllm_server import SERVED_MODEL
+from tests.interop.probes import (
+    BLOCK_TOKENS,
+    cached_tokens,
+    complete,
+    fresh_prompt,
+    new_salt,
+    stream_chat,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -76,38 +81,15 @@ async def test_accepts_gateway_alphabet_at_full_length(
     assert cached_tokens(repeat) > 0
 
 
-async def stream_chat(
-    http: aiohttp.ClientSession, url: str, prompt: str, salt: str
-) -> list[dict[str, Any]]:
-    body = {
-        "model": SERVED_MODEL,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 4,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "cache_salt": salt,
-    }
-    chunks: list[dict[str, Any]] = []
-    async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
-        assert resp.status == 200
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line.removeprefix(b"data:").strip()
-            if data == b"[DONE]":
-                break
-            chunks.append(orjson.loads(data))
-    return chunks
-
-
 async def test_streaming_reports_cached_tokens_in_final_usage_chunk(
     vllm_url: str, http: aiohttp.ClientSession
 ) -> None:
     prompt, salt = fresh_prompt(), new_salt()
-    await stream_chat(http, vllm_url, prompt, salt)
-    chunks = await stream_chat(http, vllm_url, prompt, salt)
+    await stream_chat(http, vllm_url, prompt, salt=salt)
+    stream = await stream_chat(http, vllm_url, prompt, salt=salt)
+    chunks = stream.chunks
 
+    assert stream.done
     final = chunks[-1]
     assert final["choices"] == []
     assert cached_tokens(final) >= 2 * BLOCK_TOKENS
