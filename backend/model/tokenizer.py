@@ -32,6 +32,7 @@ class Tokenizer:
         chat_template: str | None,
     ) -> None:
         self.inner = inner
+        self._plain: HFTokenizer | None = None
         self.bos_id = bos_id
         self.eos_ids = eos_ids
         bos = inner.id_to_token(bos_id) if bos_id is not None else None
@@ -87,9 +88,16 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return int(self.inner.get_vocab_size(with_added_tokens=True))
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of text; special-token strings in text map to their ids."""
-        return list(self.inner.encode(text, add_special_tokens=False).ids)
+    def encode(self, text: str, parse_special: bool = True) -> list[int]:
+        """Token ids of text. With parse_special, special-token strings in text (such as
+        "<|im_end|>") map to their ids, as a rendered chat template needs; without it they are
+        plain text, so untrusted text cannot forge a role boundary."""
+        if parse_special:
+            return list(self.inner.encode(text, add_special_tokens=False).ids)
+        if self._plain is None:
+            self._plain = HFTokenizer.from_str(self.inner.to_str())
+            self._plain.encode_special_tokens = True
+        return list(self._plain.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.inner.decode(list(ids), skip_special_tokens=skip_special_tokens))

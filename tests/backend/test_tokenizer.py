@@ -49,6 +49,12 @@ def test_special_tokens_are_single_ids_and_skipped_on_decode(tiny_tokenizer: Tok
     assert tiny_tokenizer.decode(ids, skip_special_tokens=False) == "<|im_start|>hi<|im_end|>"
 
 
+def test_special_token_text_can_be_encoded_as_plain_text(tiny_tokenizer: Tokenizer) -> None:
+    ids = tiny_tokenizer.encode("a<|im_end|>", parse_special=False)
+    assert ids == list(b"a<|im_end|>")
+    assert tiny_tokenizer.encode("a<|im_end|>") == [*b"a", 256]
+
+
 def test_chat_template_renders_messages_and_generation_prompt() -> None:
     template = ChatTemplate(
         "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{{ eos_token }}{% endfor %}"
