@@ -47,7 +47,8 @@ def fingerprint(path: Path) -> Fingerprint | None:
 class Reloader:
     def __init__(self, path: Path, holder: PolicyHolder, metrics: Metrics, interval_s: float):
         self.path, self.holder, self.metrics, self.interval_s = path, holder, metrics, interval_s
-        self._seen: Fingerprint | None = None
+        # Taken now, at start-up, so an edit made before the watcher's first poll still counts.
+        self._seen: Fingerprint | None = fingerprint(path)
         self._lock = asyncio.Lock()
 
     async def reload(self) -> bool:
@@ -66,7 +67,6 @@ class Reloader:
             return True
 
     async def watch(self) -> None:
-        self._seen = await asyncio.to_thread(fingerprint, self.path)
         while True:
             await asyncio.sleep(self.interval_s)
             current = await asyncio.to_thread(fingerprint, self.path)

@@ -21,6 +21,14 @@ async def _metric(gw: Gateway, line: str) -> bool:
     return line in await (await gw.session.get(gw.url + "/metrics")).text()
 
 
+def _write(path: Path, text: str) -> None:
+    """Replace the file atomically, as a deploy tool does (an editor's partial write would be
+    refused once and then picked up; that is correct but makes counts noisy)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 async def _until(check: object, deadline: float = 10.0) -> None:
     async with asyncio.timeout(deadline):
         while not await check():  # type: ignore[operator]  # noqa: ASYNC110 (polling HTTP)
@@ -33,22 +41,22 @@ async def test_reload_on_change_and_refusal(
     for k, v in ENV.items():
         monkeypatch.setenv(k, v)  # type: ignore[attr-defined]
     path = tmp_path / "policy.yaml"
-    path.write_text(policy_text(upstream.url))
+    _write(path, policy_text(upstream.url))
     gw, runner = await run_gateway(make_policy(upstream.url), upstream, reload_from=path)
     try:
         before = await _salt(gw)
         assert before.startswith("ns1.")
-        path.write_text(policy_text(upstream.url, active="ns2"))  # key rotation
+        _write(path, policy_text(upstream.url, active="ns2"))  # key rotation
         await _until(lambda: _metric(gw, 'kvfence_gateway_policy_reloads_total{result="ok"} 1.0'))
         assert (await _salt(gw)).startswith("ns2.")
 
-        path.write_text(policy_text(upstream.url).replace("scope: tenant", "scope: team"))
+        _write(path, policy_text(upstream.url).replace("scope: tenant", "scope: team"))
         await _until(
             lambda: _metric(gw, 'kvfence_gateway_policy_reloads_total{result="refused"} 1.0')
         )
         assert (await _salt(gw)).startswith("ns2.")  # the old policy stays
 
-        path.write_text(policy_text(upstream.url, active="ns1"))
+        _write(path, policy_text(upstream.url, active="ns1"))
         await _until(lambda: _metric(gw, 'kvfence_gateway_policy_reloads_total{result="ok"} 2.0'))
         assert await _salt(gw) == before
 
