@@ -132,8 +132,8 @@ async def frame(
     except GatewayError as exc:
         status = exc.status
         return _error(exc, rid)
-    except web.HTTPException as exc:
-        status = 404 if exc.status == 405 else exc.status
+    except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
+        status = 404
         return _error(NotFound(f"no route for {request.method} {request.path}"), rid)
     finally:
         _finish(request, status, timing)

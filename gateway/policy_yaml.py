@@ -24,8 +24,17 @@ class PolicyError(Exception):
     """A policy was refused; `errors` holds one `file:line: path: message` line per problem."""
 
     def __init__(self, errors: list[str]) -> None:
+        errors = sorted(errors, key=_line_of)
         super().__init__("\n".join(errors))
         self.errors = errors
+
+
+def _line_of(error: str) -> int:
+    """The line number in `file:line: path: message` (file names may hold colons)."""
+    for part in error.split(": ", 1)[0].rsplit(":", 1)[1:]:
+        if part.isdigit():
+            return int(part)
+    return 0
 
 
 class Bail(Exception):
