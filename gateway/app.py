@@ -27,7 +27,7 @@ from gateway.filters.body import read_body
 from gateway.filters.namespace import derive
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
-from gateway.logs import redact_headers
+from kvfence.logs import redact_headers
 from gateway.metrics import Metrics
 from gateway.policy import Policy
 from gateway.proxy import SESSION, forward

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from gateway.app import create_app
-from gateway.logs import configure_logging
+from kvfence.logs import configure_logging
 from gateway.policy_load import load_policy
 from gateway.policy_yaml import PolicyError
 from gateway.preflight import problems

@@ -5,7 +5,7 @@ import logging
 import orjson
 import pytest
 
-from gateway.logs import JsonFormatter, redact_headers
+from kvfence.logs import JsonFormatter, redact_headers
 from tests.gateway.conftest import KEYS, Gateway
 
 
