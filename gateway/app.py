@@ -27,13 +27,13 @@ from gateway.filters.body import read_body
 from gateway.filters.namespace import derive
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
-from kvfence.logs import redact_headers
 from gateway.metrics import Metrics
 from gateway.policy import Policy
 from gateway.proxy import SESSION, forward
 from gateway.reload import PolicyHolder, Reloader, reload_ctx
 from gateway.runtime import Runtime
 from gateway.state import METRICS, REQUEST_ID, ROUTE, RUNTIME, TENANT, TIMING, Timing
+from kvfence.logs import redact_headers
 
 Filter = Callable[[web.Request], Awaitable[None]]
 CHAIN: Final[tuple[Filter, ...]] = (

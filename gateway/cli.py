@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 from gateway.app import create_app
-from kvfence.logs import configure_logging
 from gateway.policy_load import load_policy
 from gateway.policy_yaml import PolicyError
 from gateway.preflight import problems
 from gateway.server import bound_port, start
+from kvfence.logs import configure_logging
 
 log = logging.getLogger("kvfence.gateway")
 
