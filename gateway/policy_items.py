@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 
+import yaml
+
 from gateway.adapters.registry import ADAPTERS
 from gateway.policy import AuditMode, Backend, KvfenceOptions, ModelSpec, Scope, Tenant
 from gateway.policy_secrets import read_ref, resolve
@@ -90,18 +92,30 @@ def read_backends(node: Node, env: Mapping[str, str], base: Path) -> tuple[Backe
     return tuple(out)
 
 
-def _tenant(item: Node, served: set[str], digests: set[str]) -> Tenant:
+def _key_digests(node: Node, base: Path) -> list[tuple[Node, str]]:
+    """An `api_keys` entry: a digest, or `{file: PATH}` naming a file of digests, one a line."""
+    if not isinstance(node.node, yaml.MappingNode):
+        return [(node, node.text())]
+    name = node.mapping(_F({"file"}), _F())["file"].text()
+    try:
+        lines = (base / name).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        node.fail(f"cannot read key digest file {name}: {exc.strerror}")
+    return [(node, line.strip()) for line in lines if line.strip() and not line.startswith("#")]
+
+
+def _tenant(item: Node, served: set[str], digests: set[str], base: Path) -> Tenant:
     f = item.mapping(_TENANT_REQ, _F({"scope_header"}))
     scope = Scope(f["scope"].choice(tuple(s.value for s in Scope)))
     keys = []
-    for key_node in f["api_keys"].items():
-        digest = key_node.text()
-        if not is_digest(digest):
-            key_node.fail("must be a digest printed by `kvfence keys new` (hmac-sha256:<hex>)")
-        if digest in digests:
-            key_node.fail("duplicate API key digest")
-        digests.add(digest)
-        keys.append(digest)
+    for entry in f["api_keys"].items():
+        for key_node, digest in _key_digests(entry, base):
+            if not is_digest(digest):
+                key_node.fail("must be a digest printed by `kvfence keys new` (hmac-sha256:<hex>)")
+            if digest in digests:
+                key_node.fail("duplicate API key digest")
+            digests.add(digest)
+            keys.append(digest)
     models = []
     for model_node in f["models"].items():
         name = model_node.text()
@@ -116,12 +130,12 @@ def _tenant(item: Node, served: set[str], digests: set[str]) -> Tenant:
     return Tenant(f["id"].text(_TENANT_RE), tuple(keys), scope, tuple(models), header)
 
 
-def read_tenants(node: Node, served: set[str]) -> tuple[Tenant, ...]:
+def read_tenants(node: Node, served: set[str], base: Path) -> tuple[Tenant, ...]:
     digests: set[str] = set()
     out: list[Tenant] = []
 
     def one(item: Node) -> Tenant:
-        tenant = _tenant(item, served, digests)
+        tenant = _tenant(item, served, digests, base)
         if any(t.id == tenant.id for t in out):
             item.fail(f"duplicate tenant id {tenant.id}")
         return tenant

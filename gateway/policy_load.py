@@ -142,7 +142,7 @@ def parse_policy(
     settings = guarded(lambda: _gateway(fields["gateway"], env, base))
     backends = read_backends(fields["backends"], env, base)
     served = {m.name for b in backends for m in b.models}
-    tenants = read_tenants(fields["tenants"], served)
+    tenants = read_tenants(fields["tenants"], served, base)
     if errors.lines or version is None or settings is None:
         raise PolicyError(errors.lines)
     return Policy(source, version, settings, backends, tenants)
