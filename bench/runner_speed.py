@@ -99,6 +99,7 @@ def main() -> None:
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "threads": args.threads,
         "decode_steps": args.steps,
+        "method": "decode: best of 3 runs after a warm-up; prefill: median of 5",
         **{k: round(v, 1) for k, v in results.items()},
         "prefill_tokens": tokens,
         "prefill_seconds": round(seconds, 4),
