@@ -113,10 +113,11 @@ class Llama:
         exact = torch.bmm(self.lm_head[top], x.unsqueeze(2)).squeeze(2)  # [N, K]
         return approx.scatter_(1, top, exact)
 
-    def forward_dense(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward_dense(self, input_ids: torch.Tensor | list[int]) -> torch.Tensor:
         """One sequence without a KV pool (reference path): input_ids [S] -> logits [S, V]."""
-        positions = torch.arange(input_ids.shape[0], device=self.device)
-        return self.forward(input_ids, positions, DenseCausalAttention(self.config.group))
+        ids = torch.as_tensor(input_ids, device=self.device)
+        positions = torch.arange(ids.shape[0], device=self.device)
+        return self.forward(ids, positions, DenseCausalAttention(self.config.group))
 
 
 class DenseCausalAttention:

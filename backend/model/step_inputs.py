@@ -34,7 +34,7 @@ def validate_chunk(chunk: Chunk, block_size: int, num_blocks: int, max_positions
         raise ValueError(f"sequence {chunk.seq_id}: position {end} beyond the model's context")
     if len(chunk.block_table) * block_size < end:
         raise ValueError(f"sequence {chunk.seq_id}: block table does not cover position {end}")
-    if any(b < 0 or b >= num_blocks for b in chunk.block_table):
+    if min(chunk.block_table) < 0 or max(chunk.block_table) >= num_blocks:
         raise ValueError(f"sequence {chunk.seq_id}: block id outside the pool")
 
 

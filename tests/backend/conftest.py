@@ -3,6 +3,8 @@ byte-level tokenizer (every UTF-8 byte one token) for fast tests of the arithmet
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -39,6 +41,10 @@ def byte_tokenizer() -> Tokenizer:
         eos_ids=(256,),
         chat_template=None,
     )
+
+
+# Where model fixtures live: the CPU by default; KVFENCE_TEST_DEVICE=cuda runs them on a GPU.
+TEST_DEVICE = torch.device(os.environ.get("KVFENCE_TEST_DEVICE", "cpu"))
 
 
 TINY = ModelConfig(
@@ -86,13 +92,12 @@ def tiny_tokenizer() -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_tokenizer: Tokenizer) -> LoadedModel:
-    """A 2-layer random Llama in float32 on the CPU (GQA: 4 query heads over 2 KV heads)."""
-    cpu = torch.device("cpu")
-    model = build_llama(TINY, tiny_tensors(), cpu, torch.float32)
-    return LoadedModel(model, TINY, tiny_tokenizer, cpu, torch.float32, "tiny")
+    """A 2-layer random Llama in float32 (GQA: 4 query heads over 2 KV heads)."""
+    model = build_llama(TINY, tiny_tensors(), TEST_DEVICE, torch.float32)
+    return LoadedModel(model, TINY, tiny_tokenizer, TEST_DEVICE, torch.float32, "tiny")
 
 
 @pytest.fixture(scope="session")
 def smollm2() -> LoadedModel:
-    """The real SmolLM2-135M-Instruct on the CPU with the default dtype, loaded once."""
-    return load_model("smollm2", device="cpu")
+    """The real SmolLM2-135M-Instruct with the default dtype, loaded once."""
+    return load_model("smollm2", device=str(TEST_DEVICE))

@@ -146,7 +146,7 @@ def write_hf_dir(loaded: LoadedModel, directory: Path) -> None:
 def test_hf_directory_loads_the_same_model(smollm2: LoadedModel, tmp_path: Path) -> None:
     directory = tmp_path / "smollm2-hf"
     write_hf_dir(smollm2, directory)
-    hf = load_model(str(directory), device="cpu")
+    hf = load_model(str(directory), device=str(smollm2.device))
     assert hf.config == smollm2.config
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     text = hf.tokenizer.render_chat(messages)
@@ -154,8 +154,8 @@ def test_hf_directory_loads_the_same_model(smollm2: LoadedModel, tmp_path: Path)
     ids = hf.tokenizer.encode(text)
     assert ids == smollm2.tokenizer.encode(text)
     with torch.inference_mode():
-        expected = smollm2.model.forward_dense(torch.tensor(ids))
-        got = hf.model.forward_dense(torch.tensor(ids))
+        expected = smollm2.model.forward_dense(ids)
+        got = hf.model.forward_dense(ids)
     assert torch.equal(got, expected)
 
 

@@ -10,8 +10,8 @@ from backend.model.llama import DenseCausalAttention
 
 
 def test_earlier_logits_ignore_later_tokens(tiny_model: LoadedModel) -> None:
-    a = torch.tensor([5, 17, 99, 3, 42, 8])
-    b = torch.tensor([5, 17, 99, 3, 200, 201])
+    a = [5, 17, 99, 3, 42, 8]
+    b = [5, 17, 99, 3, 200, 201]
     with torch.inference_mode():
         la = tiny_model.model.forward_dense(a)
         lb = tiny_model.model.forward_dense(b)
@@ -20,27 +20,30 @@ def test_earlier_logits_ignore_later_tokens(tiny_model: LoadedModel) -> None:
 
 
 def test_logits_index_projects_only_the_chosen_rows(tiny_model: LoadedModel) -> None:
-    ids = torch.tensor([1, 2, 3, 4, 5])
+    dev = tiny_model.device
+    ids = torch.tensor([1, 2, 3, 4, 5], device=dev)
     model = tiny_model.model
     attention = DenseCausalAttention(tiny_model.config.group)
     with torch.inference_mode():
-        full = model.forward(ids, torch.arange(5), attention)
-        some = model.forward(ids, torch.arange(5), attention, torch.tensor([4, 1]))
+        full = model.forward(ids, torch.arange(5, device=dev), attention)
+        rows = torch.tensor([4, 1], device=dev)
+        some = model.forward(ids, torch.arange(5, device=dev), attention, rows)
     assert some.shape == (2, tiny_model.config.vocab)
     torch.testing.assert_close(some, full[[4, 1]])
 
 
 def test_positions_matter(tiny_model: LoadedModel) -> None:
     """Rotary embeddings make the same tokens at shifted positions attend differently."""
-    ids = torch.tensor([7, 8, 9])
+    dev = tiny_model.device
+    ids = torch.tensor([7, 8, 9], device=dev)
     attention = DenseCausalAttention(tiny_model.config.group)
     with torch.inference_mode():
-        at_zero = tiny_model.model.forward(ids, torch.arange(3), attention)
-        shifted = tiny_model.model.forward(ids, torch.arange(3) + 40, attention)
+        at_zero = tiny_model.model.forward(ids, torch.arange(3, device=dev), attention)
+        shifted = tiny_model.model.forward(ids, torch.arange(3, device=dev) + 40, attention)
     # Relative positions are equal, so rotary attention scores (and logits) agree...
     torch.testing.assert_close(at_zero, shifted, rtol=1e-4, atol=1e-4)
     with torch.inference_mode():
-        spread = tiny_model.model.forward(ids, torch.tensor([0, 10, 20]), attention)
+        spread = tiny_model.model.forward(ids, torch.tensor([0, 10, 20], device=dev), attention)
     # ...while different gaps change them.
     assert not torch.allclose(at_zero[1:], spread[1:], atol=1e-3)
 
@@ -52,5 +55,5 @@ def test_dense_forward_gives_the_reference_answer(smollm2: LoadedModel) -> None:
     ids = tok.encode(text)
     with torch.inference_mode():
         for _ in range(8):
-            ids.append(int(smollm2.model.forward_dense(torch.tensor(ids))[-1].argmax()))
+            ids.append(int(smollm2.model.forward_dense(ids)[-1].argmax()))
     assert tok.decode(ids[-8:]).startswith("The capital of France is Paris.")

@@ -47,7 +47,7 @@ def dense_greedy(loaded: LoadedModel, ids: Sequence[int], n_new: int) -> list[in
     seq = list(ids)
     with torch.inference_mode():
         for _ in range(n_new):
-            seq.append(int(loaded.model.forward_dense(torch.tensor(seq))[-1].argmax()))
+            seq.append(int(loaded.model.forward_dense(seq)[-1].argmax()))
     return seq[len(ids) :]
 
 
@@ -139,7 +139,8 @@ def test_kv_cache_tensors_and_bytes(tiny_model: LoadedModel) -> None:
     assert len(runner.k_cache) == len(runner.v_cache) == c.n_layers
     assert runner.k_cache[0].shape == (10, BS, c.n_kv_heads, c.head_dim)
     assert runner.kv_cache_bytes() == 2 * c.n_layers * 10 * BS * c.n_kv_heads * c.head_dim * 4
-    assert runner.device == torch.device("cpu") and runner.dtype == torch.float32
+    assert runner.device == tiny_model.device and runner.dtype == torch.float32
+    assert runner.k_cache[0].device.type == tiny_model.device.type
 
 
 def sampled_token(runner: ModelRunner, sampling: SamplingParams, n: int, others: int) -> int:
