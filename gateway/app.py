@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from gateway.adapters.base import PROXIED_PATHS
+from gateway.audit_sink import AUDIT_SINK, AuditSink, audit_sink_ctx
 from gateway.errors import GatewayError, NotFound, error_body
 from gateway.filters.adapter import inject
 from gateway.filters.authn import authenticate
@@ -157,7 +158,9 @@ def create_app(
     app = web.Application(middlewares=[frame])
     app[HOLDER] = PolicyHolder(Runtime(policy))
     app[METRICS] = Metrics()
+    app[AUDIT_SINK] = AuditSink(policy.gateway.audit_log)
     app.cleanup_ctx.append(_session_ctx)
+    app.cleanup_ctx.append(audit_sink_ctx)
     if reload_from is not None:
         reloader = Reloader(reload_from, app[HOLDER], app[METRICS], reload_interval_s)
         app.cleanup_ctx.append(reload_ctx(reloader))

@@ -50,5 +50,12 @@ class Metrics:
             p + "auth_failures", "Refused authentications", ["reason"], registry=r
         )
 
+        self.verdicts = Counter(
+            p + "verdicts", "Audit verdicts by backend", ["backend", "verdict"], registry=r
+        )
+        self.audit_failures = Counter(
+            p + "audit_write_failures", "Audit records that could not be written", registry=r
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

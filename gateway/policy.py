@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from kvfence.keyfile import TrustStore
 
 
 class Scope(StrEnum):
@@ -75,12 +80,30 @@ class ClientLimits:
     max_connections: int = 1024
 
 
+class FsyncMode(StrEnum):
+    ALWAYS = "always"
+    BATCH = "batch"
+
+
 @dataclass(frozen=True, slots=True)
 class HandleKey:
-    """The key the gateway signs handles with (used by the kvfence adapter)."""
+    """The key the gateway signs handles with (used by the kvfence adapter), loaded once."""
 
     id: str
     private_key: SecretRef
+    key: Ed25519PrivateKey = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditLogSettings:
+    """Where and how the audit log is written; equal settings keep the open log on reload."""
+
+    path: Path
+    key: Secret
+    fsync: FsyncMode = FsyncMode.ALWAYS
+    batch_max_records: int = 64
+    batch_max_ms: float = 50.0
+    rotate_bytes: int = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +116,8 @@ class GatewaySettings:
     limits: ClientLimits = ClientLimits()
     access_log: bool = True
     handle_key: HandleKey | None = None
+    handle_ttl_s: float = 60.0
+    audit_log: AuditLogSettings | None = None
 
     @property
     def active_key(self) -> NamespaceKeySpec:
@@ -111,6 +136,7 @@ class KvfenceOptions:
 
     audience: str
     attestation_keys: SecretRef
+    trust: TrustStore = field(repr=False, compare=False)  # parsed from `attestation_keys`
     audit: AuditMode = AuditMode.ENFORCE
 
 

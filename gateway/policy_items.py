@@ -15,7 +15,8 @@ import yaml
 
 from gateway.adapters.registry import ADAPTERS
 from gateway.policy import AuditMode, Backend, KvfenceOptions, ModelSpec, Scope, Tenant
-from gateway.policy_secrets import read_ref, resolve
+from gateway.policy_audit import read_trust
+from gateway.policy_secrets import resolve
 from gateway.policy_yaml import Node, guarded
 from gateway.sanitize import is_scoping_header
 from kvfence.apikey import is_digest
@@ -43,14 +44,16 @@ def _models(node: Node, seen: set[str]) -> tuple[ModelSpec, ...]:
     return tuple(out)
 
 
-def _kvfence(f: dict[str, Node]) -> KvfenceOptions:
+def _kvfence(f: dict[str, Node], base: Path) -> KvfenceOptions:
     for key in ("audience", "attestation_keys"):
         if key not in f:
             f["kind"].fail(f"kind kvfence needs {key}")
     audit = AuditMode(f["audit"].choice(("enforce", "monitor"))) if "audit" in f else None
+    ref, trust = read_trust(f["attestation_keys"], base)
     return KvfenceOptions(
         audience=f["audience"].text(),
-        attestation_keys=read_ref(f["attestation_keys"]),
+        attestation_keys=ref,
+        trust=trust,
         audit=audit or AuditMode.ENFORCE,
     )
 
@@ -71,7 +74,7 @@ def _backend(item: Node, env: Mapping[str, str], base: Path, seen: set[str]) -> 
         models=_models(f["models"], seen),
         allow_unscoped=allow_unscoped,
         api_key=resolve(f["api_key"], env, base, 1) if "api_key" in f else None,
-        kvfence=_kvfence(f) if kind == "kvfence" else None,
+        kvfence=_kvfence(f, base) if kind == "kvfence" else None,
     )
 
 

@@ -16,14 +16,14 @@ from gateway.policy import (
     ClientInputMode,
     ClientLimits,
     GatewaySettings,
-    HandleKey,
     Listen,
     NamespaceKeySpec,
     Policy,
     Timeouts,
 )
+from gateway.policy_audit import read_audit_log, read_handle_key, read_handle_ttl
 from gateway.policy_items import read_backends, read_tenants
-from gateway.policy_secrets import read_ref, resolve
+from gateway.policy_secrets import resolve
 from gateway.policy_yaml import Bail, Node, PolicyError, compose, guarded
 from kvfence.apikey import MIN_PEPPER_BYTES
 from kvfence.namespace import KEY_ID_RE, MIN_SECRET_BYTES
@@ -31,7 +31,10 @@ from kvfence.namespace import KEY_ID_RE, MIN_SECRET_BYTES
 _F = frozenset
 _TOP = _F({"version", "gateway", "backends", "tenants"})
 _GATEWAY_REQ = _F({"namespace_keys", "api_key_pepper"})
-_GATEWAY_OPT = _F({"listen", "client_inputs", "timeouts", "limits", "access_log", "handle_key"})
+_GATEWAY_OPT = _F(
+    {"listen", "client_inputs", "timeouts", "limits", "access_log", "handle_key", "handle_ttl_s"}
+    | {"audit_log"}
+)
 T = TypeVar("T")
 _HOST_RE = re.compile(r"^[A-Za-z0-9.:_-]+$")
 
@@ -91,11 +94,6 @@ def _limits(node: Node) -> ClientLimits:
     )
 
 
-def _handle_key(node: Node) -> HandleKey:
-    f = node.mapping(_F({"id", "private_key"}), _F())
-    return HandleKey(f["id"].text(KEY_ID_RE, "of [A-Za-z0-9_-]"), read_ref(f["private_key"]))
-
-
 def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
     f = node.mapping(_GATEWAY_REQ, _GATEWAY_OPT)
 
@@ -109,15 +107,19 @@ def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
     timeouts = opt("timeouts", _timeouts, Timeouts())
     limits = opt("limits", _limits, ClientLimits())
     access_log = opt("access_log", Node.boolean, True)
-    handle_key = guarded(lambda: _handle_key(f["handle_key"])) if "handle_key" in f else None
-    if "handle_key" in f and handle_key is None:
-        raise Bail()
-    if None in (keys, pepper, listen, mode, timeouts, limits, access_log):
+    handle_key = opt("handle_key", lambda n: read_handle_key(n, base), None)
+    handle_ttl = opt("handle_ttl_s", read_handle_ttl, 60.0)
+    audit_log = opt("audit_log", lambda n: read_audit_log(n, env, base), None)
+    read = (("handle_key", handle_key), ("audit_log", audit_log))
+    unread = [k for k, v in read if k in f and v is None]
+    if unread or None in (keys, pepper, listen, mode, timeouts, limits, access_log, handle_ttl):
         raise Bail()
     assert keys is not None and pepper is not None and listen is not None
     assert mode is not None and timeouts is not None and limits is not None
-    assert access_log is not None
-    return GatewaySettings(keys, pepper, listen, mode, timeouts, limits, access_log, handle_key)
+    assert access_log is not None and handle_ttl is not None
+    return GatewaySettings(
+        keys, pepper, listen, mode, timeouts, limits, access_log, handle_key, handle_ttl, audit_log
+    )
 
 
 def _client_inputs(node: Node) -> ClientInputMode:

@@ -1,7 +1,9 @@
-"""The terminal step: send the scoped request upstream and relay the answer as it arrives.
+"""The terminal step: send the scoped request upstream, judge the answer, relay it.
 
-Invariant: a stream that fails after it started ends with an SSE error event and a closed
-connection, never with `[DONE]`, so a truncated answer cannot look complete.
+Invariant: no byte of an answer reaches the client before its verdict is known, and the audit
+record is written before the answer completes; a stream that fails after it started ends with an
+SSE error event and a closed connection, never with `[DONE]`, so a truncated answer cannot look
+complete.
 """
 
 from __future__ import annotations
@@ -9,30 +11,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Final
+from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway.errors import UpstreamTimeout, UpstreamUnavailable, error_body
+from gateway.audit import VERDICT_HEADER, AuditContext, HandleRefused, Outcome, Verdict
+from gateway.audit_request import audit, context, local_answer, refusal
+from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.policy import Timeouts
-from gateway.sse import UsageScanner, cached_tokens
-from gateway.state import (
-    BODY,
-    DROP_USAGE,
-    METRICS,
-    REQUEST_ID,
-    ROUTE,
-    RUNTIME,
-    TENANT,
-    TIMING,
-    UPSTREAM_HEADERS,
-)
+from gateway.sse import cached_tokens, prompt_tokens
+from gateway.state import BODY, REQUEST_ID, ROUTE, RUNTIME, TIMING, UPSTREAM_HEADERS
+from gateway.stream_relay import SSE, read_chunk, relay_stream
+from kvfence.handle import ATTESTATION_HEADER
 
 SESSION = web.AppKey("kvfence_upstream_session", aiohttp.ClientSession)
 log = logging.getLogger("kvfence.gateway.proxy")
-_SSE: Final = "text/event-stream"
 
 
 async def _open(request: web.Request, timeouts: Timeouts) -> aiohttp.ClientResponse:
@@ -54,94 +49,62 @@ async def _open(request: web.Request, timeouts: Timeouts) -> aiohttp.ClientRespo
         raise UpstreamUnavailable(f"backend {route.backend.name} is unavailable") from None
 
 
-async def _read(upstream: aiohttp.ClientResponse, idle_s: float) -> bytes:
-    async with asyncio.timeout(idle_s):
-        return await upstream.content.readany()
+def _usage_of(body: bytes) -> tuple[int | None, int | None]:
+    if b'"usage"' not in body:
+        return None, None
+    try:
+        usage: Any = orjson.loads(body).get("usage")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None, None
+    return prompt_tokens(usage), cached_tokens(usage)
 
 
-def _record_cached(request: web.Request, tokens: int | None) -> None:
-    if tokens:
-        request.app[METRICS].cached_tokens.labels(request[TENANT].id).inc(tokens)
-
-
-async def _relay_body(request: web.Request, upstream: aiohttp.ClientResponse) -> web.Response:
+async def _relay_body(
+    request: web.Request, upstream: aiohttp.ClientResponse, ctx: AuditContext
+) -> web.Response:
     idle_s = request[RUNTIME].policy.gateway.timeouts.idle_s
     parts: list[bytes] = []
     try:
-        while chunk := await _read(upstream, idle_s):
+        while chunk := await read_chunk(upstream, idle_s):
             parts.append(chunk)
     except TimeoutError:
         raise UpstreamTimeout("backend stalled while answering") from None
     except aiohttp.ClientError:
         raise UpstreamUnavailable("backend failed while answering") from None
     body = b"".join(parts)
-    if upstream.status == 200 and b'"cached_tokens"' in body:
-        try:
-            _record_cached(request, cached_tokens(orjson.loads(body).get("usage")))
-        except (orjson.JSONDecodeError, AttributeError):
-            log.debug("upstream body is not a JSON object", extra={"rid": request[REQUEST_ID]})
+    ok = upstream.status == 200
+    # Error answers carry no generated text, so there is nothing to attest.
+    outcome = (
+        ctx.judge(upstream.headers.get(ATTESTATION_HEADER)) if ok else Outcome(Verdict.UNATTESTED)
+    )
+    status = 502 if outcome.blocked else upstream.status
+    await audit(request, ctx, outcome, status, _usage_of(body) if ok else (None, None))
     request[TIMING].client_headers = time.perf_counter()
+    if outcome.blocked:
+        return local_answer(request, refusal(outcome), outcome.verdict)
     return web.Response(
         body=body,
         status=upstream.status,
-        headers={"content-type": upstream.content_type, "x-request-id": request[REQUEST_ID]},
-    )
-
-
-async def _relay_stream(
-    request: web.Request, upstream: aiohttp.ClientResponse
-) -> web.StreamResponse:
-    resp = web.StreamResponse(
-        status=upstream.status,
         headers={
-            "content-type": _SSE,
-            "cache-control": "no-cache",
+            "content-type": upstream.content_type,
             "x-request-id": request[REQUEST_ID],
+            VERDICT_HEADER: outcome.verdict.value,
         },
     )
-    await resp.prepare(request)
-    request[TIMING].client_headers = time.perf_counter()
-    scanner = UsageScanner(drop_usage=request[DROP_USAGE])
-    idle_s = request[RUNTIME].policy.gateway.timeouts.idle_s
-    while True:
-        try:
-            chunk = await _read(upstream, idle_s)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            await _fail_stream(request, resp, exc)
-            return resp
-        if not chunk:
-            break
-        out = scanner.feed(chunk)
-        if not scanner.drop_usage:
-            await resp.write(chunk)
-        elif out:  # an empty write could end the chunked body early
-            await resp.write(out)
-    tail = scanner.tail()
-    if tail and scanner.drop_usage:
-        await resp.write(tail)
-    _record_cached(request, scanner.cached_tokens)
-    await resp.write_eof()
-    return resp
-
-
-async def _fail_stream(request: web.Request, resp: web.StreamResponse, exc: BaseException) -> None:
-    error = (
-        UpstreamTimeout("backend stalled mid-stream")
-        if isinstance(exc, TimeoutError)
-        else UpstreamUnavailable("backend failed mid-stream")
-    )
-    log.warning("stream cut", extra={"rid": request[REQUEST_ID], "error": type(exc).__name__})
-    resp.force_close()
-    await resp.write(b"\n\nevent: error\ndata: " + error_body(error) + b"\n\n")
-    await resp.write_eof()
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
+    ctx = context(request)
     upstream = await _open(request, request[RUNTIME].policy.gateway.timeouts)
     request[TIMING].upstream_headers = time.perf_counter()
     try:
-        if upstream.status == 200 and upstream.content_type == _SSE:
-            return await _relay_stream(request, upstream)
-        return await _relay_body(request, upstream)
+        if ctx.attested and upstream.status in (401, 403):
+            # The backend refused the gateway's own handle: a key or audience misconfiguration.
+            log.error("backend refused the handle", extra={"rid": request[REQUEST_ID]})
+            await audit(request, ctx, Outcome(Verdict.UNATTESTED), 502, (None, None))
+            raise HandleRefused(f"backend {ctx.backend.name} refused the gateway's handle")
+        if upstream.status == 200 and upstream.content_type == SSE:
+            return await relay_stream(request, upstream, ctx)
+        return await _relay_body(request, upstream, ctx)
     finally:
         upstream.release()

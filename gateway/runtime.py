@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from typing import Final
 
 from gateway.adapters.base import Adapter
+from gateway.adapters.kvfence import KvfenceAdapter
 from gateway.adapters.registry import ADAPTERS
 from gateway.policy import Backend, ModelSpec, Policy, Tenant
 from kvfence.apikey import is_well_formed
+from kvfence.attestation import AttestationVerifier
+from kvfence.handle import HandleSigner
 from kvfence.namespace import NamespaceKey, derive_namespace
 
 NAMESPACE_CACHE_SIZE: Final = 65536
@@ -27,10 +30,27 @@ class Route:
     adapter: Adapter
 
 
+def _adapter(policy: Policy, backend: Backend) -> Adapter:
+    handle_key = policy.gateway.handle_key
+    if backend.kind == KvfenceAdapter.kind and handle_key is not None:
+        signer = HandleSigner(handle_key.key, handle_key.id)
+        return KvfenceAdapter(backend, signer, policy.gateway.handle_ttl_s)
+    return ADAPTERS[backend.kind](backend)
+
+
 class Runtime:
     """Lookup tables for one policy: key digest -> tenant, model -> route, tenant -> models."""
 
-    __slots__ = ("_cache", "_ns_key", "_pepper", "_tenants", "allowed", "policy", "routes")
+    __slots__ = (
+        "_cache",
+        "_ns_key",
+        "_pepper",
+        "_tenants",
+        "allowed",
+        "attestations",
+        "policy",
+        "routes",
+    )
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -39,7 +59,13 @@ class Runtime:
         self._pepper = policy.gateway.api_key_pepper.value
         self._tenants = {d: t for t in policy.tenants for d in t.api_keys}
         self.allowed = {t.id: frozenset(t.models) for t in policy.tenants}
-        adapters = {b.name: ADAPTERS[b.kind](b) for b in policy.backends}
+        adapters = {b.name: _adapter(policy, b) for b in policy.backends}
+        # Backend name -> verifier of its attestations, pinned to its audience (backend id).
+        self.attestations = {
+            b.name: AttestationVerifier(b.kvfence.trust, b.kvfence.audience)
+            for b in policy.backends
+            if b.kvfence is not None
+        }
         self.routes = {
             m.name: Route(b, m, adapters[b.name]) for b in policy.backends for m in b.models
         }

@@ -13,6 +13,25 @@ import orjson
 _USAGE = b'"usage"'
 
 
+def prompt_tokens(usage: Any) -> int | None:
+    """`prompt_tokens` (chat/completions) or `input_tokens` (responses), if reported."""
+    if not isinstance(usage, dict):
+        return None
+    for key in ("prompt_tokens", "input_tokens"):
+        if isinstance(usage.get(key), int):
+            return int(usage[key])
+    return None
+
+
+def first_event(buf: bytes) -> tuple[bytes, bytes] | None:
+    """The first complete event (without its blank line) and the bytes after it, or None."""
+    ends = [(i, n) for i, n in ((buf.find(b"\n\n"), 2), (buf.find(b"\r\n\r\n"), 4)) if i >= 0]
+    if not ends:
+        return None
+    index, width = min(ends)
+    return buf[:index], buf[index + width :]
+
+
 def cached_tokens(usage: Any) -> int | None:
     """`cached_tokens` from a chat/completions or responses usage object, if reported."""
     if not isinstance(usage, dict):
@@ -41,11 +60,12 @@ def _data(event: bytes) -> Any:
 class UsageScanner:
     """Feed upstream chunks; get back what to send the client and learn `cached_tokens`."""
 
-    __slots__ = ("_buf", "cached_tokens", "drop_usage")
+    __slots__ = ("_buf", "cached_tokens", "drop_usage", "prompt_tokens")
 
     def __init__(self, drop_usage: bool) -> None:
         self.drop_usage = drop_usage
         self.cached_tokens: int | None = None
+        self.prompt_tokens: int | None = None
         self._buf = b""
 
     def feed(self, chunk: bytes) -> bytes:
@@ -65,12 +85,16 @@ class UsageScanner:
         if not isinstance(data, dict):
             return False
         if data.get("type") == "response.completed" and isinstance(data.get("response"), dict):
-            self.cached_tokens = cached_tokens(data["response"].get("usage"))
+            self._record(data["response"].get("usage"))
             return False
         if data.get("choices") == [] and isinstance(data.get("usage"), dict):
-            self.cached_tokens = cached_tokens(data["usage"])
+            self._record(data["usage"])
             return self.drop_usage
         return False
+
+    def _record(self, usage: Any) -> None:
+        self.cached_tokens = cached_tokens(usage)
+        self.prompt_tokens = prompt_tokens(usage)
 
     def tail(self) -> bytes:
         """Bytes after the last complete event (sent as they are when the stream ends)."""

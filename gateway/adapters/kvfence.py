@@ -1,15 +1,42 @@
-"""kvfence's own backend: the namespace will travel in a signed handle; not yet routed."""
+"""kvfence's own backend: the namespace travels in a signed, expiring handle, never in clear.
+
+Invariant: every upstream request carries a fresh handle bound to one upstream request id, the
+namespace, the model and revision, and the backend's audience; the id is unique per request even
+when a client repeats its `x-request-id`, so a handle is never refused as a replay by accident.
+"""
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
-from gateway.adapters.base import Adapter
+from gateway.adapters.base import CHAT, COMPLETIONS, Adapter
 from gateway.errors import NotSupported
+from gateway.policy import Backend
+from kvfence.handle import HANDLE_HEADER, HandleSigner
+
+UPSTREAM_ID_HEADER = "x-request-id"
 
 
 class KvfenceAdapter(Adapter):
     kind = "kvfence"
+    paths = frozenset({CHAT, COMPLETIONS})
+
+    def __init__(
+        self, backend: Backend, signer: HandleSigner | None = None, ttl_s: float = 60.0
+    ) -> None:
+        super().__init__(backend)
+        self.signer = signer
+        self.ttl_s = ttl_s
+        self._revisions = {m.name: m.revision for m in backend.models}
 
     def inject(self, path: str, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
-        raise NotSupported("routing to a kvfence backend is not yet supported")
+        options = self.backend.kvfence
+        if self.signer is None or options is None:
+            raise NotSupported("this gateway has no handle key for kvfence backends")
+        model = body["model"]
+        upstream_id = f"{headers[UPSTREAM_ID_HEADER]}.{secrets.token_hex(6)}"
+        headers[UPSTREAM_ID_HEADER] = upstream_id
+        headers[HANDLE_HEADER] = self.signer.sign(
+            ns, model, self._revisions[model], upstream_id, options.audience, self.ttl_s
+        )

@@ -1,0 +1,168 @@
+"""Relaying a streamed answer: the attestation event is judged and rewritten before anything
+is sent, events pass on as they complete, and `[DONE]` waits for the audit record.
+
+Invariant: the client never sees the attestation, never sees a token of a withheld stream, and
+never sees `[DONE]` unless the stream completed and its audit record was written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Final
+
+import aiohttp
+from aiohttp import web
+
+from gateway.audit import (
+    VERDICT_HEADER,
+    AuditContext,
+    AuditWriteFailed,
+    Outcome,
+    Verdict,
+    split_attestation_event,
+)
+from gateway.audit_request import audit, local_answer, refusal
+from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable, error_body
+from gateway.sse import UsageScanner, first_event
+from gateway.state import DROP_USAGE, REQUEST_ID, RUNTIME, TIMING
+
+log = logging.getLogger("kvfence.gateway.proxy")
+SSE: Final = "text/event-stream"
+_DONE: Final = b"data: [DONE]"
+MAX_FIRST_EVENT: Final = 64 * 1024  # the attestation event is a few hundred bytes
+
+
+async def read_chunk(upstream: aiohttp.ClientResponse, idle_s: float) -> bytes:
+    async with asyncio.timeout(idle_s):
+        return await upstream.content.readany()
+
+
+async def _first_event(
+    upstream: aiohttp.ClientResponse, idle_s: float
+) -> tuple[bytes | None, bytes]:
+    """The upstream's first SSE event and what followed it; (None, all) if it never completed."""
+    buf = b""
+    try:
+        while len(buf) <= MAX_FIRST_EVENT:
+            found = first_event(buf)
+            if found is not None:
+                return found
+            chunk = await read_chunk(upstream, idle_s)
+            if not chunk:
+                break
+            buf += chunk
+    except TimeoutError:
+        raise UpstreamTimeout("backend stalled before its attestation") from None
+    except aiohttp.ClientError:
+        raise UpstreamUnavailable("backend failed before its attestation") from None
+    return None, buf
+
+
+async def relay_stream(
+    request: web.Request, upstream: aiohttp.ClientResponse, ctx: AuditContext
+) -> web.StreamResponse:
+    idle_s = request[RUNTIME].policy.gateway.timeouts.idle_s
+    head, pending, outcome = b"", b"", Outcome(Verdict.UNATTESTED)
+    if ctx.attested:
+        event, pending = await _first_event(upstream, idle_s)
+        token, head = split_attestation_event(event) if event is not None else (None, b"")
+        outcome = ctx.judge(token)
+        if outcome.blocked:
+            await audit(request, ctx, outcome, 502, (None, None))
+            return local_answer(request, refusal(outcome), outcome.verdict)
+    resp = web.StreamResponse(
+        status=upstream.status,
+        headers={
+            "content-type": SSE,
+            "cache-control": "no-cache",
+            "x-request-id": request[REQUEST_ID],
+            VERDICT_HEADER: outcome.verdict.value,
+        },
+    )
+    await resp.prepare(request)
+    request[TIMING].client_headers = time.perf_counter()
+    if head:
+        await resp.write(head)
+    await _pump(request, upstream, resp, ctx, outcome, pending)
+    return resp
+
+
+async def _pump(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    resp: web.StreamResponse,
+    ctx: AuditContext,
+    outcome: Outcome,
+    pending: bytes,
+) -> None:
+    """Relay events as they complete; hold `[DONE]` back until the audit record is written."""
+    scanner = UsageScanner(drop_usage=request[DROP_USAGE])
+    idle_s = request[RUNTIME].policy.gateway.timeouts.idle_s
+    held = b""
+    chunk = pending
+    while True:
+        out = scanner.feed(chunk) if chunk else b""
+        cut = -1 if held else _done_at(out)
+        if cut >= 0:
+            out, held = out[:cut], out[cut:]
+        elif held:
+            out, held = b"", held + out
+        if out:  # an empty write could end the chunked body early
+            await resp.write(out)
+        try:
+            chunk = await read_chunk(upstream, idle_s)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            await _fail_stream(request, resp, _cut_error(exc), ctx, outcome, scanner)
+            return
+        if not chunk:
+            break
+    usage = (scanner.prompt_tokens, scanner.cached_tokens)
+    try:
+        await audit(request, ctx, outcome, resp.status, usage)
+    except AuditWriteFailed as exc:
+        await _end_with_error(request, resp, exc)
+        return
+    rest = held + scanner.tail()
+    if rest:
+        await resp.write(rest)
+    await resp.write_eof()
+
+
+def _cut_error(exc: BaseException) -> GatewayError:
+    if isinstance(exc, TimeoutError):
+        return UpstreamTimeout("backend stalled mid-stream")
+    return UpstreamUnavailable("backend failed mid-stream")
+
+
+async def _fail_stream(
+    request: web.Request,
+    resp: web.StreamResponse,
+    error: GatewayError,
+    ctx: AuditContext,
+    outcome: Outcome,
+    scanner: UsageScanner,
+) -> None:
+    log.warning("stream cut", extra={"rid": request[REQUEST_ID], "error": error.code})
+    with contextlib.suppress(AuditWriteFailed):  # logged and counted; the stream fails anyway
+        await audit(request, ctx, outcome, error.status, (scanner.prompt_tokens, None))
+    await _end_with_error(request, resp, error)
+
+
+async def _end_with_error(
+    request: web.Request, resp: web.StreamResponse, error: GatewayError
+) -> None:
+    resp.force_close()
+    await resp.write(b"\n\nevent: error\ndata: " + error_body(error) + b"\n\n")
+    await resp.write_eof()
+
+
+def _done_at(events: bytes) -> int:
+    """Where a `data: [DONE]` line starts in complete events, or -1 (text inside a JSON string
+    never follows a raw newline, so it cannot match)."""
+    at = events.find(_DONE)
+    while at > 0 and events[at - 1 : at] != b"\n":
+        at = events.find(_DONE, at + 1)
+    return at
