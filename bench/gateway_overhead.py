@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -16,7 +17,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import uvloop
 from tqdm import tqdm  # type: ignore[import-untyped]
 
@@ -25,69 +25,44 @@ if __package__ in (None, ""):  # `python bench/gateway_overhead.py`
 
 from bench import gateway_procs as procs
 from bench.gateway_loadgen import Job, Pool, run_open_loop
-from bench.gateway_report import HEADER, Cpu, Point, added, machine, row, summarize
+from bench.gateway_report import (
+    HEADER,
+    SUSTAIN_P99_MS,
+    SUSTAIN_SHARE,
+    Cpu,
+    Point,
+    added,
+    machine,
+    row,
+    summarize,
+)
+from bench.gateway_traffic import LARGE_BYTES, Scenario, request_bytes, scenarios
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = REPO_ROOT / "bench" / "results" / "gateway_overhead.json"
 FIXED_RATES = (200, 500, 1000)
-SEARCH_RATES = (1000, 1500, 2000, 2500, 3000, 3500, 4000, 5000, 6000, 8000)
-LARGE_BYTES = 200_000
+SEARCH_RATES = (500, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 5000, 6000, 8000)
 GOAL = {"added_p50_ms": 0.3, "added_p99_ms": 1.5, "at_rate": 500, "sustained_rps": 2000}
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    name: str
-    body: bytes
-    stream: bool
-
-    @property
-    def marker(self) -> bytes:
-        return b"data: [DONE]" if self.stream else b'"chat.completion"'
-
-
-def _body(content: str, stream: bool) -> bytes:
-    messages = [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": content},
-    ]
-    return orjson.dumps(
-        {"model": procs.MODEL, "messages": messages, "max_tokens": 16, "stream": stream}
-    )
-
-
-def scenarios() -> dict[str, Scenario]:
-    words = "lantern orbit meadow copper violet harbor signal tundra "
-    large = (words * (LARGE_BYTES // len(words) + 1))[:LARGE_BYTES]
-    small = "Say hello in three words."
-    return {
-        "small": Scenario("small", _body(small, False), False),
-        "small-sse": Scenario("small-sse", _body(small, True), True),
-        "200k": Scenario("200k", _body(large, False), False),
-        "200k-sse": Scenario("200k-sse", _body(large, True), True),
-    }
-
-
-def _request(port: int, key: str, body: bytes) -> bytes:
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 class _Probe:
     """Called at the start and end of the measured window; keeps CPU deltas."""
 
-    def __init__(self, gateway_pid: int, upstream_pid: int) -> None:
-        self._pids = (gateway_pid, upstream_pid)
-        self._start: tuple[float, float, float] | None = None
-        self.cpu = Cpu(0.0, 0.0, 0.0)
+    def __init__(self, bench: Bench) -> None:
+        self._bench = bench
+        self._start: tuple[float, ...] | None = None
+        self.cpu = Cpu(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
-    def _now(self) -> tuple[float, float, float]:
-        gw, up = (procs.cpu_seconds(pid) for pid in self._pids)
-        return gw, up, time.process_time()
+    def _now(self) -> tuple[float, ...]:
+        b = self._bench
+        return (
+            procs.cpu_seconds(b.gateway.pid),
+            procs.cpu_seconds(b.upstream.pid),
+            time.process_time(),
+            procs.core_busy_seconds(b.gateway_core),
+            procs.core_busy_seconds(b.client_core),
+            procs.runqueue_wait_seconds(b.gateway.pid),
+        )
 
     def __call__(self) -> None:
         now = self._now()
@@ -106,15 +81,17 @@ class Bench:
     key: str
     duration_s: float
     warmup_s: float
+    gateway_core: int
+    client_core: int
 
     async def measure(
         self, sc: Scenario, target: str, rate: float, duration_s: float | None = None
     ) -> Point:
         server = self.gateway if target == "gateway" else self.upstream
-        job = Job(_request(server.port, self.key, sc.body), sc.marker)
+        job = Job(request_bytes(server.port, self.key, sc.body), sc.marker)
         pool = Pool("127.0.0.1", server.port, job, max_connections=2048)
         await pool.open(64)
-        probe = _Probe(self.gateway.pid, self.upstream.pid)
+        probe = _Probe(self)
         try:
             window = await run_open_loop(
                 pool, rate, duration_s or self.duration_s, self.warmup_s, probe
@@ -142,28 +119,40 @@ async def fixed_rates(
     return out
 
 
+async def _step(bench: Bench, sc: Scenario, rate: int, duration_s: float) -> list[Point]:
+    """One search step; a failed step is tried once more, since a neighbour's burst on a shared
+    core can sink a single run."""
+    tries = [await bench.measure(sc, "gateway", rate, duration_s)]
+    if not tries[0].sustained:
+        tries.append(await bench.measure(sc, "gateway", rate, duration_s))
+    for point in tries:
+        tqdm.write(row(point, None))
+    return tries
+
+
 async def search(bench: Bench, sc: Scenario, duration_s: float, bar: tqdm[Any]) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
-    best = 0.0
+    best = 0
     limit = "not reached"
     for rate in SEARCH_RATES:
-        via = await bench.measure(sc, "gateway", rate, duration_s)
+        tries = await _step(bench, sc, rate, duration_s)
         bar.update()
-        tqdm.write(row(via, None))
-        steps.append(asdict(via))
-        if via.sustained:
+        steps += [asdict(p) for p in tries]
+        if tries[-1].sustained:
             best = rate
             continue
         # Did the harness itself keep up at this rate? If not, the figure is the harness's.
         direct = await bench.measure(sc, "direct", rate, duration_s)
         tqdm.write(row(direct, None))
         steps.append(asdict(direct))
-        limit = "gateway" if direct.sustained else "harness (direct run failed too)"
+        limit = "gateway" if direct.sustained else "harness (the direct run failed too)"
         break
     bar.update(bar.total - bar.n)
     return {
         "scenario": sc.name,
         "sustained_rps": best,
+        "rule": f"no errors, p99 from due time < {SUSTAIN_P99_MS} ms, "
+        f">= {SUSTAIN_SHARE:.0%} of the offered rate answered; a failed step is retried once",
         "first_failure_limited_by": limit,
         "steps": steps,
     }
@@ -218,38 +207,51 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--search-duration", type=float, default=3.0)
     parser.add_argument("--no-search", action="store_true", help="skip the max-rate search")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    parser.add_argument("--rev", help="benchmark the gateway code of this git revision")
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="nice value for all three processes (e.g. -10 on a shared machine; needs root)",
+    )
     return parser.parse_args(argv)
+
+
+def _setup(
+    args: argparse.Namespace, source: dict[str, str], cores: tuple[int, int]
+) -> dict[str, Any]:
+    return {
+        "source": source,
+        "nice": args.nice,
+        "pinning": {"gateway": cores[0], "load_generator": cores[1], "upstream": cores[1]},
+        "gateway": "kvfence gateway --workers 1 --log-level warning, access_log: false",
+        "client": "open loop, uniform arrivals, raw asyncio HTTP/1.1 keep-alive, uvloop",
+        "latency": "write of the request to the last byte of the answer, per request",
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "search_duration_s": args.search_duration,
+        "large_body_bytes": LARGE_BYTES,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    two = (os.cpu_count() or 1) >= 2
-    gateway_core, client_core = (1, 0) if two else (0, 0)
+    cores = (1, 0) if (os.cpu_count() or 1) >= 2 else (0, 0)  # (gateway, client and upstream)
     started = time.time()
     about = machine()
-    with procs.upstream(client_core) as up, procs.gateway(up.port, gateway_core) as (gw, key):
-        os.sched_setaffinity(0, {client_core})
-        bench = Bench(up, gw, key, args.duration, args.warmup)
+    source = procs.source_state(REPO_ROOT)
+    with contextlib.ExitStack() as stack:
+        tree = None
+        if args.rev:
+            tree = stack.enter_context(procs.exported(REPO_ROOT, args.rev))
+            source = {"rev": args.rev, "gateway_tree": "exported from git"}
+        up = stack.enter_context(procs.upstream(cores[1], args.nice))
+        gw, key = stack.enter_context(procs.gateway(up.port, cores[0], args.nice, tree))
+        procs.place(cores[1], args.nice)
+        bench = Bench(up, gw, key, args.duration, args.warmup, *cores)
         result = uvloop.run(campaign(args, bench))
-    result = {
-        "machine": about,
-        "setup": {
-            "pinning": {
-                "gateway": gateway_core,
-                "load_generator": client_core,
-                "upstream": client_core,
-            },
-            "gateway": "kvfence gateway --workers 1 --log-level warning, access_log: false",
-            "client": "open loop, uniform arrivals, raw asyncio HTTP/1.1 keep-alive, uvloop",
-            "latency": "write of the request to last byte of the answer, per request",
-            "duration_s": args.duration,
-            "warmup_s": args.warmup,
-            "search_duration_s": args.search_duration,
-            "large_body_bytes": LARGE_BYTES,
-            "wall_s": round(time.time() - started, 1),
-        },
-        **result,
-    }
+    setup = _setup(args, source, cores) | {"wall_s": round(time.time() - started, 1)}
+    result = {"machine": about, "setup": setup, **result}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["goal"], indent=2))

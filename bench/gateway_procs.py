@@ -39,6 +39,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime: fields 14 and 15
 
 
+def runqueue_wait_seconds(pid: int) -> float:
+    """Time the process's main thread has spent runnable but waiting for a core (schedstat)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+
+
+def core_busy_seconds(core: int) -> float:
+    """Non-idle time of one CPU core so far, whoever used it (from /proc/stat)."""
+    with open("/proc/stat") as stat:
+        for line in stat:
+            if line.startswith(f"cpu{core} "):
+                ticks = [int(x) for x in line.split()[1:]]
+                return (sum(ticks[:8]) - ticks[3] - ticks[4]) / _TICK  # minus idle, iowait
+    raise ValueError(f"no cpu{core} in /proc/stat")
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -55,22 +70,57 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def place(core: int, nice: int) -> None:
+    """Pin the calling process to `core` and set its nice value (negative needs privilege)."""
+    os.sched_setaffinity(0, {core})
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+
+
 def _popen(
-    cmd: list[str], core: int, env: dict[str, str] | None = None, *, pipe: bool = False
+    cmd: list[str], where: tuple[int, int], env: dict[str, str] | None = None, *, pipe: bool = False
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE if pipe else subprocess.DEVNULL,
         env=env,
         cwd=Path(__file__).resolve().parents[1],
-        preexec_fn=functools.partial(os.sched_setaffinity, 0, {core}),
+        preexec_fn=functools.partial(place, *where),
     )
 
 
+def source_state(root: Path) -> dict[str, str]:
+    """The commit benchmarked and whether the gateway's code differs from it in the tree."""
+    head = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--", "gateway", "kvfence"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return {"commit": head, "gateway_tree": "modified" if dirty else "clean"}
+
+
 @contextlib.contextmanager
-def upstream(core: int) -> Iterator[Server]:
+def exported(root: Path, rev: str) -> Iterator[Path]:
+    """`kvfence/` and `gateway/` as of `rev`, in a temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="kvfence-rev-") as tmp:
+        archive = subprocess.run(
+            ["git", "-C", str(root), "archive", rev, "kvfence", "gateway"],
+            capture_output=True,
+            check=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        yield Path(tmp)
+
+
+@contextlib.contextmanager
+def upstream(core: int, nice: int = 0) -> Iterator[Server]:
     """The fake upstream (bench.gateway_upstream) on `core`."""
-    proc = _popen([sys.executable, "-m", "bench.gateway_upstream", "--port", "0"], core, pipe=True)
+    cmd = [sys.executable, "-m", "bench.gateway_upstream", "--port", "0"]
+    proc = _popen(cmd, (core, nice), pipe=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()
@@ -119,21 +169,25 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], deadline_s: float) -> 
 
 
 @contextlib.contextmanager
-def gateway(upstream_port: int, core: int) -> Iterator[tuple[Server, str]]:
+def gateway(
+    upstream_port: int, core: int, nice: int = 0, source: Path | None = None
+) -> Iterator[tuple[Server, str]]:
     """`kvfence gateway --workers 1` in front of the upstream, with throwaway secrets; yields the
-    server and a tenant API key."""
+    server and a tenant API key. With `source`, the gateway's code is imported from there."""
     pepper = secrets.token_urlsafe(24)
     key = mint_key()
     env = dict(os.environ)
     env["KVFENCE_BENCH_NS_KEY"] = secrets.token_urlsafe(48)
     env["KVFENCE_BENCH_PEPPER"] = pepper
-    kvfence = str(Path(sys.executable).parent / "kvfence")
+    if source is not None:
+        env["PYTHONPATH"] = str(source)
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="kvfence-bench-") as tmp:
         policy = Path(tmp) / "policy.yaml"
         policy.write_text(_policy_text(upstream_port, key_digest(pepper.encode(), key)))
-        cmd = [kvfence, "gateway", "--policy", str(policy), "--workers", "1"]
-        proc = _popen([*cmd, "--port", str(port), "--log-level", "warning"], core, env)
+        cmd = [sys.executable, "-m", "kvfence.cli", "gateway", "--policy", str(policy)]
+        cmd += ["--workers", "1"]
+        proc = _popen([*cmd, "--port", str(port), "--log-level", "warning"], (core, nice), env)
         try:
             _wait_ready(port, proc, deadline_s=30)
             yield Server(proc.pid, port), key

@@ -25,6 +25,9 @@ class Cpu:
     gateway_s: float
     upstream_s: float
     client_s: float
+    gateway_core_s: float  # everything that ran on the gateway's core
+    client_core_s: float  # everything that ran on the client's and upstream's core
+    gateway_wait_s: float  # the gateway runnable but waiting for its core
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,9 @@ class Point:
     gateway_cpu_us: float | None  # per completed request
     upstream_cpu_us: float
     client_cpu_us: float
+    others_gateway_core_pct: float  # other processes' use of the gateway's core in the window
+    others_client_core_pct: float
+    gateway_runqueue_us: float | None  # per completed request: waiting for its core, not running
 
     @property
     def sustained(self) -> bool:
@@ -73,6 +79,8 @@ def summarize(
     due = sorted(tally.due_ms)
     done = len(sent)
     per = 1e6 / done if done else float("nan")
+    share = 100 / window_s if window_s > 0 else float("nan")
+    gateway_own = cpu.gateway_s if target == "gateway" else 0.0
     return Point(
         scenario=scenario,
         target=target,
@@ -89,6 +97,9 @@ def summarize(
         gateway_cpu_us=cpu.gateway_s * per if target == "gateway" else None,
         upstream_cpu_us=cpu.upstream_s * per,
         client_cpu_us=cpu.client_s * per,
+        gateway_runqueue_us=cpu.gateway_wait_s * per if target == "gateway" else None,
+        others_gateway_core_pct=max(0.0, cpu.gateway_core_s - gateway_own) * share,
+        others_client_core_pct=max(0.0, cpu.client_core_s - cpu.upstream_s - cpu.client_s) * share,
     )
 
 
@@ -107,7 +118,7 @@ def _cell(value: float | None, width: int, digits: int = 3) -> str:
 HEADER = (
     f"{'scenario':<12}{'rate':>6} {'target':<8}{'ok':>7}{'err':>5}{'rps':>8}"
     f"{'p50ms':>8}{'p90ms':>8}{'p99ms':>8}{'+p50':>8}{'+p99':>8}{'gw us/req':>10}"
-    f"{'up us':>7}{'cli us':>7}"
+    f"{'up us':>7}{'cli us':>7}{'rq us':>7}{'other%':>7}"
 )
 
 
@@ -119,7 +130,8 @@ def row(point: Point, extra: dict[str, float] | None) -> str:
         f"{_cell(point.p50_ms, 8)}{_cell(point.p90_ms, 8)}{_cell(point.p99_ms, 8)}"
         f"{_cell(extra.get('added_p50_ms'), 8)}{_cell(extra.get('added_p99_ms'), 8)}"
         f"{_cell(point.gateway_cpu_us, 10, 0)}{_cell(point.upstream_cpu_us, 7, 0)}"
-        f"{_cell(point.client_cpu_us, 7, 0)}"
+        f"{_cell(point.client_cpu_us, 7, 0)}{_cell(point.gateway_runqueue_us, 7, 0)}"
+        f"{_cell(point.others_gateway_core_pct, 7, 0)}"
     )
 
 

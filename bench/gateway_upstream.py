@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from typing import Final, cast
 
@@ -152,10 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--core", type=int, help="pin this process to one CPU core")
     args = parser.parse_args(argv)
-    if args.core is not None:
-        os.sched_setaffinity(0, {args.core})
     import uvloop
 
     try:

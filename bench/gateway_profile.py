@@ -1,0 +1,101 @@
+"""Where a one-worker gateway spends its CPU: py-spy samples the real gateway process while the
+overhead benchmark's open-loop client drives it, then the self and inclusive shares are printed.
+Run: .venv/bin/python -m bench.gateway_profile [--rate 1500] [--seconds 8] [--scenario small]
+(needs `py-spy` next to the interpreter, and ptrace permission on the gateway process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import uvloop
+
+from bench import gateway_procs as procs
+from bench.gateway_overhead import REPO_ROOT, Bench
+from bench.gateway_report import row
+from bench.gateway_traffic import scenarios
+
+
+def _frame_name(frame: str) -> str:
+    """`func (path/to/file.py:123)` -> `func (file.py)`; lines vary within one function."""
+    name, _, where = frame.partition(" (")
+    return f"{name} ({Path(where.rsplit(':', 1)[0]).name})" if where else name
+
+
+def shares(collapsed: str) -> tuple[Counter[str], Counter[str], int]:
+    """Self and inclusive sample counts per function from py-spy's collapsed stacks."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [_frame_name(f) for f in stack.split(";")]
+        total += n
+        own[frames[-1]] += n
+        for name in set(frames):
+            inclusive[name] += n
+    return own, inclusive, total
+
+
+def _print_top(title: str, counts: Counter[str], total: int, top: int) -> None:
+    print(f"\n{title} (share of {total} samples)")
+    for name, n in counts.most_common(top):
+        print(f"{100 * n / total:6.1f}%  {name}")
+
+
+async def _drive(bench: Bench, scenario: str, rate: float, seconds: float) -> None:
+    point = await bench.measure(scenarios()[scenario], "gateway", rate, seconds)
+    print(row(point, None))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rate", type=float, default=1500)
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--scenario", default="small", choices=list(scenarios()))
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--rev", help="profile the gateway code of this git revision")
+    parser.add_argument("--keep", type=Path, help="also write the collapsed stacks here")
+    parser.add_argument("--spy-arg", action="append", default=[], help="extra py-spy option")
+    args = parser.parse_args(argv)
+    spy = Path(sys.executable).parent / "py-spy"
+    with contextlib.ExitStack() as stack:
+        tree = stack.enter_context(procs.exported(REPO_ROOT, args.rev)) if args.rev else None
+        up = stack.enter_context(procs.upstream(0))
+        gw, key = stack.enter_context(procs.gateway(up.port, 1, 0, tree))
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        procs.place(0, 0)
+        bench = Bench(up, gw, key, args.seconds, 0.5, 1, 0)
+        uvloop.run(_drive(bench, args.scenario, 500, 1.0))  # warm-up
+        out = Path(tmp) / "stacks.txt"
+        # --native must pause the process to unwind C frames; otherwise sample without pausing.
+        pause = [] if "--native" in args.spy_arg else ["--nonblocking"]
+        cmd = [str(spy), "record", "--pid", str(gw.pid), "--rate", "400", *pause, *args.spy_arg]
+        cmd += ["--format", "raw", "--output", str(out), "--duration", str(int(args.seconds))]
+        with subprocess.Popen(cmd, stdout=subprocess.DEVNULL) as recorder:
+            uvloop.run(_drive(bench, args.scenario, args.rate, args.seconds))
+            recorder.wait()
+        if not out.exists():
+            print(f"py-spy wrote no profile (exit status {recorder.returncode})", file=sys.stderr)
+            return 1
+        collapsed = out.read_text()
+    if args.keep:
+        args.keep.write_text(collapsed)
+    own, inclusive, total = shares(collapsed)
+    _print_top("self time", own, total, args.top)
+    _print_top("inclusive time", inclusive, total, args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
