@@ -244,7 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tree = None
         if args.rev:
             tree = stack.enter_context(procs.exported(REPO_ROOT, args.rev))
-            source = {"rev": args.rev, "gateway_tree": "exported from git"}
+            commit = procs.commit_of(REPO_ROOT, args.rev)
+            source = {"commit": commit, "gateway_tree": f"exported from git ({args.rev})"}
         up = stack.enter_context(procs.upstream(cores[1], args.nice))
         gw, key = stack.enter_context(procs.gateway(up.port, cores[0], args.nice, tree))
         procs.place(cores[1], args.nice)

@@ -89,11 +89,15 @@ def _popen(
     )
 
 
+def commit_of(root: Path, rev: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), "rev-parse", rev], capture_output=True, text=True, check=False
+    ).stdout.strip()
+
+
 def source_state(root: Path) -> dict[str, str]:
     """The commit benchmarked and whether the gateway's code differs from it in the tree."""
-    head = subprocess.run(
-        ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    head = commit_of(root, "HEAD")
     dirty = subprocess.run(
         ["git", "-C", str(root), "status", "--porcelain", "--", "gateway", "kvfence"],
         capture_output=True,
