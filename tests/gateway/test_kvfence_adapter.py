@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from backend.model.load import LoadedModel
+from gateway.audit_sink import AUDIT_SINK
 from kvfence.attestation import AttestationSigner
 from kvfence.cli import main as kvfence_main
 from kvfence.handle import ATTESTATION_HEADER, HANDLE_HEADER, HandleSigner, HandleVerifier
@@ -199,3 +200,15 @@ async def test_a_good_fake_attestation_passes(keys: Keys) -> None:
         assert resp.status == 200 and b"SECRET" in await resp.read()
         metrics = await (await stack.session.get(stack.url + "/metrics")).text()
         assert 'kvfence_gateway_verdicts_total{backend="own",verdict="clean"} 1.0' in metrics
+
+
+async def test_an_audit_log_that_cannot_be_written_fails_answers_closed(stack: Stack) -> None:
+    await stack.gateway[AUDIT_SINK].close()  # every later append fails
+    resp = await stack.post("acme", completion(), path="/v1/completions")
+    assert resp.status == 502
+    assert (await resp.json())["error"]["code"] == "audit_write_failed"
+    streamed = await stack.post("acme", completion(stream=True), path="/v1/completions")
+    raw = await streamed.read()
+    assert b"event: error" in raw and b"[DONE]" not in raw
+    metrics = await (await stack.session.get(stack.url + "/metrics")).text()
+    assert "kvfence_gateway_audit_write_failures_total 2.0" in metrics
