@@ -9,14 +9,15 @@ from gateway.policy import AuditMode
 from gateway.policy_load import load_policy, parse_policy
 from gateway.policy_yaml import PolicyError
 from kvfence.cli import main as kvfence_main
+from kvfence.keyfile import add_to_trust_file, generate_key, write_private_key
 from tests.gateway.conftest import ENV, digest, policy_text
 
 URL = "http://127.0.0.1:9"
 
 
-def errors_of(text: str) -> list[str]:
+def errors_of(text: str, base: Path | None = None) -> list[str]:
     with pytest.raises(PolicyError) as info:
-        parse_policy(text, "policy.yaml", env=ENV)
+        parse_policy(text, "policy.yaml", env=ENV, base=base)
     return info.value.errors
 
 
@@ -100,19 +101,24 @@ KVFENCE_BACKEND = """\
 """
 
 
-def test_kvfence_backend_fields() -> None:
+def test_kvfence_backend_fields(tmp_path: Path) -> None:
+    handle_key, backend_key = generate_key(), generate_key()
+    write_private_key(tmp_path / "h.pem", handle_key)
+    add_to_trust_file(tmp_path / "trust.pem", "be", backend_key.public_key())
     text = policy_text(URL).replace("tenants:\n", KVFENCE_BACKEND + "tenants:\n")
     text = text.replace(
         "  api_key_pepper:", "  handle_key: {id: h1, private_key: {file: h.pem}}\n  api_key_pepper:"
     )
-    policy = parse_policy(text, "policy.yaml", env=ENV)
+    policy = parse_policy(text, "policy.yaml", env=ENV, base=tmp_path)
     own = policy.backends[1]
     assert own.kvfence is not None and own.kvfence.audience == "backend-1"
     assert own.kvfence.audit is AuditMode.MONITOR
     assert str(own.kvfence.attestation_keys) == "{file: trust.pem}"
     assert policy.gateway.handle_key is not None and policy.gateway.handle_key.id == "h1"
     missing = text.replace("    audience: backend-1\n", "")
-    assert any("kind kvfence needs audience" in e for e in errors_of(missing))
+    assert any("kind kvfence needs audience" in e for e in errors_of(missing, tmp_path))
+    no_file = text.replace("{file: h.pem}", "{file: absent.pem}")
+    assert any("handle_key" in e for e in errors_of(no_file, tmp_path))
     wrong = policy_text(URL).replace("kind: vllm", "kind: vllm\n    audience: x")
     assert any("only a backend of kind kvfence" in e for e in errors_of(wrong))
 
