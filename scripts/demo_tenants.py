@@ -41,14 +41,14 @@ kvfence is up. Gateway: {url}
 Try it:
   curl -sS -i {url}/chat/completions \\
     -H "Authorization: Bearer {acme}" -H "Content-Type: application/json" \\
-    -d '{{"model": "smollm2", "max_tokens": 32,
+    -d '{{"model": "smollm2", "max_tokens": 32, "temperature": 0,
          "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'
 
   .venv/bin/python - <<'PY'
 from openai import OpenAI
 client = OpenAI(base_url="{url}", api_key="{acme}")
 answer = client.chat.completions.create(
-    model="smollm2", max_tokens=32,
+    model="smollm2", max_tokens=32, temperature=0,
     messages=[{{"role": "user", "content": "What is the capital of France?"}}])
 print(answer.choices[0].message.content)
 PY
