@@ -83,6 +83,17 @@ def read_tokenizer(directory: Path, config: ModelConfig) -> Tokenizer:
     template: str | None = None
     tok_config = directory / "tokenizer_config.json"
     if tok_config.is_file():
-        value = _read_json(tok_config).get("chat_template")
-        template = value if isinstance(value, str) else None
+        template = _chat_template(_read_json(tok_config).get("chat_template"))
     return Tokenizer.from_hf_dir(directory, config.bos_id, config.eos_ids, template)
+
+
+def _chat_template(value: object) -> str | None:
+    """tokenizer_config.json holds one template, or a list of named ones ("default" is used)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        for entry in value:
+            if isinstance(entry, dict) and entry.get("name") == "default":
+                template = entry.get("template")
+                return template if isinstance(template, str) else None
+    return None

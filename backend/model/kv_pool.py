@@ -21,7 +21,7 @@ class AttnGroup:
     rows: slice  # the group's queries in the packed step, ordered (b, s)
     batch: int  # B
     span: int  # S
-    gather: torch.Tensor  # [B, L] flat slots of the context each sequence reads
+    blocks: torch.Tensor  # [B, nb] block ids of the context each sequence reads (L = nb * bs)
     mask: torch.Tensor | None  # [B, 1, G*S or 1, L] bool, True = attend; None = attend to all
 
 
@@ -75,24 +75,24 @@ class PagedAttention:
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         # q: [T, Hq, D]; k, v: [T, Hkv, D]
-        flat_k = self.pool.k_cache[layer].view(-1, self.n_kv, self.d)
-        flat_v = self.pool.v_cache[layer].view(-1, self.n_kv, self.d)
-        flat_k.index_copy_(0, self.slots, k)
-        flat_v.index_copy_(0, self.slots, v)
+        k_cache, v_cache = self.pool.k_cache[layer], self.pool.v_cache[layer]
+        k_cache.view(-1, self.n_kv, self.d).index_copy_(0, self.slots, k)
+        v_cache.view(-1, self.n_kv, self.d).index_copy_(0, self.slots, v)
         if len(self.groups) == 1:
-            return self._group(self.groups[0], q, flat_k, flat_v)
+            return self._group(self.groups[0], q, k_cache, v_cache)
         out = q.new_empty(q.shape[0], q.shape[1] * self.d)
         for g in self.groups:
-            out[g.rows] = self._group(g, q[g.rows], flat_k, flat_v)
+            out[g.rows] = self._group(g, q[g.rows], k_cache, v_cache)
         return out
 
     def _group(
-        self, g: AttnGroup, q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor
+        self, g: AttnGroup, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
         b, s, hkv, grp, d = g.batch, g.span, self.n_kv, self.group, self.d
         # The G query heads sharing a KV head ride along the query axis: no K/V copies per head.
         qg = q.view(b, s, hkv, grp, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, grp * s, d)
-        kg = flat_k[g.gather].transpose(1, 2)  # [B, Hkv, L, D]
-        vg = flat_v[g.gather].transpose(1, 2)
+        # Whole blocks are gathered (fewer, larger copies than per-slot); the mask hides the tail.
+        kg = k_cache[g.blocks].view(b, -1, hkv, d).transpose(1, 2)  # [B, Hkv, L, D]
+        vg = v_cache[g.blocks].view(b, -1, hkv, d).transpose(1, 2)
         o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask)  # [B, Hkv, G*S, D]
         return o.view(b, hkv, grp, s, d).permute(0, 3, 1, 2, 4).reshape(b * s, hkv * grp * d)

@@ -89,16 +89,16 @@ class Llama:
         dt = self.dtype
         for i, w in enumerate(self.layers):
             h = F.rms_norm(x, (cfg.hidden,), w.attn_norm, cfg.rms_eps).to(dt)
-            qkv = F.linear(h, w.qkv)  # [T, q_size + 2 kv_size]
+            qkv = _linear(h, w.qkv)  # [T, q_size + 2 kv_size]
             qk = qkv[:, : cfg.q_size + cfg.kv_size].view(t, n_qk, cfg.head_dim)
             qk = qk * cos + _rotate_half(qk) * sin  # [T, Hq + Hkv, D]
             q = qk[:, : cfg.n_heads]
             k = qk[:, cfg.n_heads :]
             v = qkv[:, cfg.q_size + cfg.kv_size :].view(t, cfg.n_kv_heads, cfg.head_dim)
-            x = x + F.linear(attention(i, q, k, v), w.o)
+            x = x + _linear(attention(i, q, k, v), w.o)
             h = F.rms_norm(x, (cfg.hidden,), w.ffn_norm, cfg.rms_eps).to(dt)
-            gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w.down)
+            gate, up = _linear(h, w.gate_up).chunk(2, dim=-1)
+            x = x + _linear(F.silu(gate) * up, w.down)
         if logits_index is not None:
             x = x[logits_index]
         x = F.rms_norm(x, (cfg.hidden,), self.norm, cfg.rms_eps)
@@ -108,9 +108,9 @@ class Llama:
         """x: [N, H] fp32 final hidden states -> [N, V] fp32; the top REFINE_K are exact."""
         if self._head_fast is None:
             return F.linear(x, self.lm_head)
-        approx = F.linear(x.to(self.dtype), self._head_fast).float()
-        top = approx.topk(REFINE_K, dim=-1).indices  # [N, K]
-        exact = torch.bmm(self.lm_head[top], x.unsqueeze(2)).squeeze(2)  # [N, K]
+        approx = _linear(x.to(self.dtype), self._head_fast).float()
+        top = approx.topk(min(REFINE_K, approx.shape[-1]), dim=-1).indices  # [N, K]
+        exact = (self.lm_head[top] * x.unsqueeze(1)).sum(dim=-1)  # [N, K], per-row sums
         return approx.scatter_(1, top, exact)
 
     def forward_dense(self, input_ids: torch.Tensor | list[int]) -> torch.Tensor:
@@ -136,6 +136,14 @@ class DenseCausalAttention:
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
         )  # [Hq, S, D]
         return out.transpose(0, 1).reshape(q.shape[0], -1)
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x: [M, K] @ w.T. A single row goes through the same kernel as a batch (a matrix-vector
+    kernel sums in another order), so a sequence's logits do not depend on its batch-mates."""
+    if x.shape[0] == 1:
+        return F.linear(x.expand(2, -1), w)[:1]
+    return F.linear(x, w)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

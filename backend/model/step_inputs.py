@@ -48,22 +48,26 @@ def build_step_inputs(
     groups: list[AttnGroup] = []
     slot_parts: list[torch.Tensor] = []
     if decodes:
-        gather, mask = _decode_context(decodes, block_size, device)
-        groups.append(AttnGroup(slice(0, len(decodes)), len(decodes), 1, gather, mask))
+        blocks, mask = _decode_context(decodes, block_size, device)
+        groups.append(AttnGroup(slice(0, len(decodes)), len(decodes), 1, blocks, mask))
         rows_t = torch.arange(len(decodes), device=device)
-        slot_parts.append(gather[rows_t, torch.tensor(positions, device=device)])
+        pos_t = torch.tensor(positions, device=device)
+        slot_parts.append(blocks[rows_t, pos_t // block_size] * block_size + pos_t % block_size)
     sampled = [c for c in decodes if c.sample]
     rows = [i for i, c in enumerate(decodes) if c.sample]
     offset = len(decodes)
     for c in prefills:
         n = len(c.token_ids)
         end = c.start + n
-        gather = _table_slots(c.block_table, block_size, device)[:end].unsqueeze(0)  # [1, L]
+        table = c.block_table[: -(-end // block_size)]
+        span = len(table) * block_size
         q_pos = torch.arange(c.start, end, device=device)
-        mask = torch.arange(end, device=device).unsqueeze(0) <= q_pos.unsqueeze(1)  # [n, L]
-        mask = mask.repeat(group, 1).view(1, 1, group * n, end)
-        groups.append(AttnGroup(slice(offset, offset + n), 1, n, gather, mask))
-        slot_parts.append(gather[0, c.start :])
+        # Causal: query at position p sees keys 0..p, which also hides the last block's tail.
+        mask = torch.arange(span, device=device).unsqueeze(0) <= q_pos.unsqueeze(1)  # [n, L]
+        mask = mask.repeat(group, 1).view(1, 1, group * n, span)
+        blocks = torch.tensor(table, device=device).unsqueeze(0)  # [1, nb]
+        groups.append(AttnGroup(slice(offset, offset + n), 1, n, blocks, mask))
+        slot_parts.append(_table_slots(table, block_size, device)[c.start : end])
         ids.extend(c.token_ids)
         positions.extend(range(c.start, end))
         if c.sample:
@@ -89,20 +93,19 @@ def _table_slots(table: Sequence[int], block_size: int, device: torch.device) ->
 def _decode_context(
     decodes: Sequence[Chunk], block_size: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """gather: [B, L] slots of each sequence's context (padded), mask: [B, 1, 1, L] or None."""
+    """blocks: [B, nb] each sequence's context blocks (padded), mask: [B, 1, 1, L] or None."""
     lengths = [c.start + 1 for c in decodes]
-    longest = max(lengths)
-    n_blocks = -(-longest // block_size)
+    n_blocks = -(-max(lengths) // block_size)
+    span = n_blocks * block_size
     # Short tables are padded with block 0: those positions are masked out.
-    tables = [_padded(c.block_table[:n_blocks], n_blocks) for c in decodes]
-    blocks = torch.tensor(tables, device=device).unsqueeze(2) * block_size  # [B, nb, 1]
-    gather = (blocks + torch.arange(block_size, device=device)).view(len(decodes), -1)
-    gather = gather[:, :longest]
-    if min(lengths) == longest:
-        return gather, None
+    blocks = torch.tensor(
+        [_padded(c.block_table[:n_blocks], n_blocks) for c in decodes], device=device
+    )
+    if min(lengths) == span:
+        return blocks, None
     lens = torch.tensor(lengths, device=device).unsqueeze(1)
-    mask = torch.arange(longest, device=device).unsqueeze(0) < lens  # [B, L]
-    return gather, mask.view(len(decodes), 1, 1, longest)
+    mask = torch.arange(span, device=device).unsqueeze(0) < lens  # [B, L]
+    return blocks, mask.view(len(decodes), 1, 1, span)
 
 
 def _padded(table: Sequence[int], n: int) -> list[int]:

@@ -43,6 +43,31 @@ def generate(
     return out
 
 
+def generate_staggered(
+    runner: ModelRunner,
+    prompts: Sequence[Sequence[int]],
+    tables: Sequence[Sequence[int]],
+    n_new: int,
+) -> list[list[int]]:
+    """Continuous batching: sequence i joins at step i, its prefill sharing the step with the
+    others' decodes; each leaves after n_new tokens."""
+    out: list[list[int]] = [[] for _ in prompts]
+    step = 0
+    while any(len(o) < n_new for o in out):
+        chunks = []
+        for i, p in enumerate(prompts[: step + 1]):
+            done = out[i]
+            if not done:
+                chunks.append(prefill(i, p, tables[i]))
+            elif len(done) < n_new:
+                pos = len(p) + len(done) - 1
+                chunks.append(Chunk(i, (done[-1],), pos, tuple(tables[i]), True, GREEDY, len(done)))
+        for seq, token in runner.execute(StepPlan(tuple(chunks))).items():
+            out[seq].append(token)
+        step += 1
+    return out
+
+
 def dense_greedy(loaded: LoadedModel, ids: Sequence[int], n_new: int) -> list[int]:
     seq = list(ids)
     with torch.inference_mode():
@@ -61,8 +86,10 @@ TABLES = [[9, 2, 17, 5, 11, 30], [0, 25, 3, 4], [12, 13, 28, 6, 1]]
 
 def test_paged_batch_matches_dense_reference(tiny_model: LoadedModel) -> None:
     runner = ModelRunner(tiny_model, num_blocks=32, block_size=BS)
-    got = generate(runner, PROMPTS, TABLES, n_new=8)
-    assert got == [dense_greedy(tiny_model, p, 8) for p in PROMPTS]
+    expected = [dense_greedy(tiny_model, p, 8) for p in PROMPTS]
+    assert generate(runner, PROMPTS, TABLES, n_new=8) == expected
+    fresh = ModelRunner(tiny_model, num_blocks=32, block_size=BS)
+    assert generate_staggered(fresh, PROMPTS, TABLES, n_new=8) == expected
 
 
 def test_chunked_prefill_and_mixed_steps(tiny_model: LoadedModel) -> None:
@@ -200,14 +227,18 @@ def test_reference_answer_through_the_paged_pool(smollm2: LoadedModel) -> None:
 @pytest.mark.slow
 def test_batched_generation_equals_one_at_a_time(smollm2: LoadedModel) -> None:
     prompts = [chat_ids(smollm2, q) for q in BATCH_QUESTIONS]
-    tables = tables_for(prompts, 12, 16)
-    batched = generate(ModelRunner(smollm2, num_blocks=64, block_size=16), prompts, tables, 12)
+    tables = tables_for(prompts, 24, 16)
+    together = generate(ModelRunner(smollm2, num_blocks=64, block_size=16), prompts, tables, 24)
+    staggered = generate_staggered(
+        ModelRunner(smollm2, num_blocks=64, block_size=16), prompts, tables, 24
+    )
     alone = [
-        generate(ModelRunner(smollm2, num_blocks=64, block_size=16), [p], [t], 12)[0]
+        generate(ModelRunner(smollm2, num_blocks=64, block_size=16), [p], [t], 24)[0]
         for p, t in zip(prompts, tables, strict=True)
     ]
-    assert batched == alone
-    assert len({tuple(b) for b in batched}) == len(prompts)
+    assert together == alone
+    assert staggered == alone
+    assert len({tuple(a) for a in alone}) == len(prompts)
 
 
 @pytest.mark.slow
