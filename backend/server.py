@@ -21,7 +21,9 @@ from prometheus_client import generate_latest
 from backend import openai_api as api
 from backend.engine.engine import StepOutput
 from backend.engine.scheduler import PromptTooLongError
+from backend.model.chat_template import ChatTemplateError
 from backend.openai_api import BadRequest, GenerationRequest
+from backend.prompt import UnsafeTemplate, chat_prompt_ids, special_strings
 from backend.textstream import TextStream
 from backend.worker import EngineFailed, EngineWorker
 from kvfence.attestation import AttestationSigner
@@ -65,6 +67,7 @@ class Backend:
         self.signer = signer
         self.metrics = BackendMetrics()
         self.eos = tuple(tokenizer.eos_ids)
+        self.specials = special_strings(tokenizer)
 
 
 BACKEND = web.AppKey("backend", Backend)
@@ -151,9 +154,14 @@ async def _admit(
 
 def _tokenize(backend: Backend, req: GenerationRequest) -> list[int]:
     tok = backend.tokenizer
-    if req.kind == "chat":
-        return list(tok.encode(tok.render_chat(req.messages, add_generation_prompt=True)))
-    return list(tok.encode(req.prompt))
+    if req.kind == "completion":
+        return list(tok.encode(req.prompt))  # a raw prompt is the caller's own, specials included
+    try:
+        return chat_prompt_ids(tok, req.messages, backend.specials)
+    except (ChatTemplateError, UnsafeTemplate) as exc:
+        raise _Refused(
+            400, f"cannot render the chat: {exc}", "invalid_request_error", "bad_chat"
+        ) from None
 
 
 class _Run:

@@ -113,7 +113,7 @@ async def test_attestation_header_verifies_and_names_the_request(tiny: tuple[Kit
     assert att.block_namespaces == frozenset({"ns-a"})
     assert check_attestation(att, "req-42", "ns-a") == Verdict.CLEAN
     usage = (await resp.json())["usage"]
-    assert usage["completion_tokens"] == 3
+    assert 1 <= usage["completion_tokens"] <= 3  # a random tiny model may stop early
     assert usage["prompt_tokens_details"]["cached_tokens"] == att.cached_tokens == 0
 
 
