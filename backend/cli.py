@@ -88,7 +88,7 @@ def build(args: argparse.Namespace) -> web.Application:
     import torch
 
     from backend.engine.engine import Engine, EngineConfig
-    from backend.model.load import load_model
+    from backend.model.load import LoadedModel, load_model
     from backend.runner import ModelRunner
     from backend.server import Backend, ServedModel, create_app
     from backend.worker import EngineWorker
@@ -96,12 +96,8 @@ def build(args: argparse.Namespace) -> web.Application:
     from kvfence.handle import HandleVerifier
     from kvfence.keyfile import TrustStore, load_private_key
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     trust = TrustStore.from_file(args.trust)
     signing_key = load_private_key(args.signing_key)
-    loaded = load_model(args.model, device=args.device, dtype=args.dtype)
-    runner = ModelRunner(loaded, num_blocks=args.kv_blocks, block_size=args.block_size)
     config = EngineConfig(
         num_blocks=args.kv_blocks,
         block_size=args.block_size,
@@ -110,13 +106,20 @@ def build(args: argparse.Namespace) -> web.Application:
         namespace_quota=args.namespace_quota,
         fault_foreign_block=args.fault_foreign_block,
     )
-    engine = Engine(runner, config)
+
+    def build_engine() -> tuple[Engine, tuple[LoadedModel, ModelRunner]]:
+        # Runs on the engine thread, so the weights and every step share one OpenMP pool.
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+        runner = ModelRunner(loaded, num_blocks=args.kv_blocks, block_size=args.block_size)
+        return Engine(runner, config), (loaded, runner)
+
+    worker, (loaded, runner) = EngineWorker.boot(build_engine)
     name = args.served_name or loaded.name
     model = ServedModel(name, args.revision, loaded.config.max_positions)
     signer = AttestationSigner(signing_key, args.key_id or args.signing_key.stem, args.id)
-    backend = Backend(
-        EngineWorker(engine), loaded.tokenizer, model, HandleVerifier(trust, args.id), signer
-    )
+    backend = Backend(worker, loaded.tokenizer, model, HandleVerifier(trust, args.id), signer)
     log.info(
         "backend ready to serve",
         extra={
