@@ -90,7 +90,8 @@ def build(args: argparse.Namespace) -> web.Application:
     from backend.engine.engine import Engine, EngineConfig
     from backend.model.load import LoadedModel, load_model
     from backend.runner import ModelRunner
-    from backend.server import Backend, ServedModel, create_app
+    from backend.server import create_app
+    from backend.service import Backend, ServedModel
     from backend.worker import EngineWorker
     from kvfence.attestation import AttestationSigner
     from kvfence.handle import HandleVerifier

@@ -36,6 +36,7 @@ class GenerationRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -76,8 +77,10 @@ def parse_generation(body: dict[str, Any], kind: str) -> GenerationRequest:
         top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
         seed=seed,
     )
+    stop = _stop(body.get("stop"))
+    ignore_eos = _bool(body, "ignore_eos", False)
     return GenerationRequest(
-        kind, model, messages, prompt, sampling, _stop(body.get("stop")), stream, include_usage
+        kind, model, messages, prompt, sampling, stop, stream, include_usage, ignore_eos
     )
 
 

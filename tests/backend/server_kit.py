@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from backend.engine.engine import Engine, EngineConfig
 from backend.model.load import LoadedModel
 from backend.runner import ModelRunner
-from backend.server import Backend, ServedModel
+from backend.service import Backend, ServedModel
 from backend.worker import EngineWorker
 from kvfence.attestation import AttestationSigner, AttestationVerifier
 from kvfence.handle import HandleSigner, HandleVerifier

@@ -251,3 +251,14 @@ async def test_fault_injection_shows_a_foreign_namespace_in_the_attestation(
     _, att = await _complete(client, kit, "tenant-b", _random_text(40, seed=3))
     assert "tenant-a" in att.block_namespaces
     assert check_attestation(att, att.request_id, "tenant-b") == Verdict.VIOLATION
+
+
+async def test_ignore_eos_generates_exactly_max_tokens(tiny: tuple[Kit, Client]) -> None:
+    kit, client = tiny
+    for _ in range(3):  # a random tiny model stops early on its own often enough
+        resp = await client.post(
+            "/v1/completions",
+            headers={HANDLE_HEADER: kit.handle("ns-a")},
+            json={"model": kit.model, "prompt": "abc", "max_tokens": 20, "ignore_eos": True},
+        )
+        assert (await resp.json())["usage"]["completion_tokens"] == 20

@@ -16,8 +16,8 @@ from aiohttp import web
 from backend.engine.engine import Engine, EngineConfig
 from backend.model.load import LoadedModel
 from backend.runner import ModelRunner
-from backend.server import Backend, ServedModel
 from backend.server import create_app as create_backend
+from backend.service import Backend, ServedModel
 from backend.worker import EngineWorker
 from gateway.app import create_app as create_gateway
 from gateway.policy_load import load_policy

@@ -1,0 +1,151 @@
+"""One admitted generation: reads the engine's outputs, signs the attestation, writes the
+OpenAI-shaped answer (JSON or SSE).
+
+Invariant: no response body byte is written before the attestation is signed; when streaming,
+the attestation is the first SSE event, and a failed stream never ends with [DONE].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from backend import openai_api as api
+from backend.engine.engine import StepOutput
+from backend.engine.scheduler import PromptTooLongError
+from backend.openai_api import GenerationRequest
+from backend.service import Backend, error_response
+from backend.textstream import TextStream
+from backend.worker import EngineFailed
+from kvfence.capability import Namespace
+from kvfence.handle import ATTESTATION_EVENT, ATTESTATION_FIELD, ATTESTATION_HEADER
+
+
+class Generation:
+    """One admitted request: reads engine outputs, signs the attestation, writes the answer."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        req: GenerationRequest,
+        request_id: str,
+        namespace: Namespace,
+        prompt: list[int],
+        key: int,
+        outputs: asyncio.Queue[StepOutput | BaseException],
+    ) -> None:
+        self.backend, self.req, self.request_id = backend, req, request_id
+        self.namespace, self.prompt, self.key, self.outputs = namespace, prompt, key, outputs
+        self.text = TextStream(backend.tokenizer.incremental(), req.stop)
+        self.cached = 0
+        self.generated = 0
+        self.finish = "stop"
+        self.rid = ("chatcmpl-" if req.kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.started = time.perf_counter()
+
+    def _attest(self, first: StepOutput) -> str:
+        self.cached = first.cached_tokens or 0
+        m = self.backend.metrics
+        m.ttft.observe(time.perf_counter() - self.started)
+        m.prompt_tokens.inc(len(self.prompt))
+        m.cached_tokens.inc(self.cached)
+        used = sorted(ns.value for ns in (first.block_namespaces or frozenset()))
+        return self.backend.signer.sign(
+            request_id=self.request_id,
+            namespace=self.namespace.value,
+            prompt_tokens=len(self.prompt),
+            cached_tokens=self.cached,
+            block_namespaces=used,
+        )
+
+    async def _next(self) -> StepOutput:
+        item = await self.outputs.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def _take(self, out: StepOutput) -> tuple[str, bool]:
+        """Returns the new final text and whether the response is complete."""
+        self.generated += 1
+        self.backend.metrics.generated_tokens.inc()
+        piece = "" if out.token_id in self.backend.eos else self.text.push(out.token_id)
+        if self.text.stopped:
+            self.finish = "stop"
+            return piece, True
+        if out.finished:
+            self.finish = "length" if out.finish_reason == "length" else "stop"
+            return piece + self.text.finish(), True
+        return piece, False
+
+    def _usage(self) -> dict[str, Any]:
+        return api.usage(len(self.prompt), self.generated, self.cached)
+
+    async def collect(self) -> web.Response:
+        try:
+            first = await self._next()
+            attestation = self._attest(first)
+            parts, (piece, done) = [], self._take(first)
+            parts.append(piece)
+            while not done:
+                piece, done = self._take(await self._next())
+                parts.append(piece)
+        except (EngineFailed, ValueError) as exc:
+            return failed(exc)
+        body = api.completion_body(self.req, self.rid, "".join(parts), self.finish, self._usage())
+        return web.Response(
+            body=orjson.dumps(body),
+            content_type="application/json",
+            headers={ATTESTATION_HEADER: attestation},
+        )
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        try:
+            first = await self._next()
+        except (EngineFailed, ValueError) as exc:
+            return failed(exc)
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        attestation = self._attest(first)
+        created = int(time.time())
+        # The attestation travels as a named event whose data is also a valid first chunk (the
+        # assistant role, no text), so OpenAI clients that ignore event names still parse it.
+        head = api.chunk_body(self.req, self.rid, created, "", None)
+        if self.req.kind == "chat":
+            head["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+        head[ATTESTATION_FIELD] = attestation
+        await response.write(f"event: {ATTESTATION_EVENT}\n".encode() + api.sse(head))
+        out: StepOutput | None = first
+        try:
+            while True:
+                piece, done = self._take(out if out is not None else await self._next())
+                out = None
+                if piece:
+                    await response.write(
+                        api.sse(api.chunk_body(self.req, self.rid, created, piece, None))
+                    )
+                if done:
+                    break
+        except EngineFailed:
+            error = {"error": {"message": "generation failed", "type": "server_error"}}
+            await response.write(b"event: error\n" + api.sse(error))
+            return response  # no [DONE]: a truncated answer must not look complete
+        end = api.chunk_body(self.req, self.rid, created, None, self.finish)
+        await response.write(api.sse(end))
+        if self.req.include_usage:
+            await response.write(api.usage_chunk(self.req, self.rid, created, self._usage()))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def failed(exc: Exception) -> web.Response:
+    if isinstance(exc, PromptTooLongError):
+        return error_response(400, str(exc), "invalid_request_error", "context_length_exceeded")
+    return error_response(503, f"generation failed: {exc}", "server_error", "engine_error")

@@ -1,0 +1,51 @@
+"""What every backend request handler shares, built once at start-up, and the error shape.
+
+Invariant: handlers reach the engine only through `Backend.worker`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from backend import openai_api as api
+from backend.metrics import BackendMetrics
+from backend.model.tokenizer import Tokenizer
+from backend.prompt import special_strings
+from backend.worker import EngineWorker
+from kvfence.attestation import AttestationSigner
+from kvfence.handle import HandleVerifier
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    name: str
+    revision: str
+    max_positions: int
+
+
+class Backend:
+    """Everything a request handler needs; built once at start-up."""
+
+    def __init__(
+        self,
+        worker: EngineWorker,
+        tokenizer: Tokenizer,
+        model: ServedModel,
+        verifier: HandleVerifier,
+        signer: AttestationSigner,
+    ) -> None:
+        self.worker = worker
+        self.tokenizer = tokenizer
+        self.model = model
+        self.verifier = verifier
+        self.signer = signer
+        self.metrics = BackendMetrics()
+        self.eos = tuple(tokenizer.eos_ids)
+        self.specials = special_strings(tokenizer)
+
+
+def error_response(status: int, message: str, kind: str, code: str) -> web.Response:
+    body = api.error_body(message, kind, code)
+    return web.Response(status=status, body=body, content_type="application/json")
