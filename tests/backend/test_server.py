@@ -262,3 +262,30 @@ async def test_ignore_eos_generates_exactly_max_tokens(tiny: tuple[Kit, Client])
             json={"model": kit.model, "prompt": "abc", "max_tokens": 20, "ignore_eos": True},
         )
         assert (await resp.json())["usage"]["completion_tokens"] == 20
+
+
+async def test_admin_flush_needs_an_admin_handle_and_drops_one_namespace(
+    tiny: tuple[Kit, Client],
+) -> None:
+    kit, client = tiny
+    prompt = "the same long prompt " * 4
+
+    async def cached(ns: str) -> int:
+        resp = await client.post(
+            "/v1/completions",
+            headers={HANDLE_HEADER: kit.handle(ns)},
+            json={"model": kit.model, "prompt": prompt, "max_tokens": 1},
+        )
+        return int((await resp.json())["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    for ns in ("ns-a", "ns-b"):
+        assert await cached(ns) == 0
+        assert await cached(ns) > 0
+    plain = await client.post("/admin/flush", headers={HANDLE_HEADER: kit.handle("ns-a")})
+    assert plain.status == 403  # a request handle is never an admin handle
+    assert (await client.post("/admin/flush")).status == 401
+    admin = kit.signer.sign_admin("flush", "ns-a", "flush-1", "backend-test")
+    resp = await client.post("/admin/flush", headers={HANDLE_HEADER: admin})
+    assert resp.status == 200 and (await resp.json())["flushed_blocks"] > 0
+    assert await cached("ns-a") == 0
+    assert await cached("ns-b") > 0
