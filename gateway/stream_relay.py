@@ -33,6 +33,7 @@ log = logging.getLogger("kvfence.gateway.proxy")
 SSE: Final = "text/event-stream"
 _DONE: Final = b"data: [DONE]"
 MAX_FIRST_EVENT: Final = 64 * 1024  # the attestation event is a few hundred bytes
+CLIENT_CLOSED: Final = 499  # the status recorded when the client disconnects mid-stream
 
 
 async def read_chunk(upstream: aiohttp.ClientResponse, idle_s: float) -> bytes:
@@ -103,22 +104,29 @@ async def _pump(
     idle_s = request[RUNTIME].policy.gateway.timeouts.idle_s
     held = b""
     chunk = pending
-    while True:
-        out = scanner.feed(chunk) if chunk else b""
-        cut = -1 if held else _done_at(out)
-        if cut >= 0:
-            out, held = out[:cut], out[cut:]
-        elif held:
-            out, held = b"", held + out
-        if out:  # an empty write could end the chunked body early
-            await resp.write(out)
-        try:
-            chunk = await read_chunk(upstream, idle_s)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            await _fail_stream(request, resp, _cut_error(exc), ctx, outcome, scanner)
-            return
-        if not chunk:
-            break
+    try:
+        while True:
+            out = scanner.feed(chunk) if chunk else b""
+            cut = -1 if held else _done_at(out)
+            if cut >= 0:
+                out, held = out[:cut], out[cut:]
+            elif held:
+                out, held = b"", held + out
+            if out:  # an empty write could end the chunked body early
+                await resp.write(out)
+            try:
+                chunk = await read_chunk(upstream, idle_s)
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                await _fail_stream(request, resp, _cut_error(exc), ctx, outcome, scanner)
+                return
+            if not chunk:
+                break
+    except (asyncio.CancelledError, ConnectionResetError):
+        # The client went away mid-stream: the response still gets its record.
+        log.info("client closed the stream", extra={"rid": request[REQUEST_ID]})
+        with contextlib.suppress(AuditWriteFailed):
+            await asyncio.shield(audit(request, ctx, outcome, CLIENT_CLOSED, (None, None)))
+        raise
     usage = (scanner.prompt_tokens, scanner.cached_tokens)
     try:
         await audit(request, ctx, outcome, resp.status, usage)

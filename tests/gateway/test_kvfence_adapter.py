@@ -4,6 +4,8 @@ with a tiny random model; a fake backend stands in only where an attestation mus
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -212,3 +214,18 @@ async def test_an_audit_log_that_cannot_be_written_fails_answers_closed(stack: S
     assert b"event: error" in raw and b"[DONE]" not in raw
     metrics = await (await stack.session.get(stack.url + "/metrics")).text()
     assert "kvfence_gateway_audit_write_failures_total 2.0" in metrics
+
+
+async def test_a_client_that_leaves_mid_stream_still_gets_a_record(stack: Stack) -> None:
+    body = completion(stream=True, max_tokens=100, ignore_eos=True)
+    resp = await stack.post("acme", body, path="/v1/completions")
+    assert resp.status == 200
+    await resp.content.readline()
+    resp.close()
+    deadline = time.monotonic() + 10
+    while not records(stack):
+        assert time.monotonic() < deadline, "no audit record for the abandoned stream"
+        await asyncio.sleep(0.02)
+    [record] = records(stack)
+    assert (record["status"], record["verdict"], record["tenant"]) == (499, "clean", "acme")
+    assert verify_log(stack) == 0
