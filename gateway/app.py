@@ -152,13 +152,18 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(
-    policy: Policy, *, reload_from: Path | None = None, reload_interval_s: float = 1.0
+    policy: Policy,
+    *,
+    reload_from: Path | None = None,
+    reload_interval_s: float = 1.0,
+    worker: int | None = None,
 ) -> web.Application:
-    """The gateway for `policy`; with `reload_from`, it follows that file and SIGHUP."""
+    """The gateway for `policy`; with `reload_from`, it follows that file and SIGHUP. `worker`
+    numbers one of several processes sharing the port (it writes its own audit log chain)."""
     app = web.Application(middlewares=[frame])
     app[HOLDER] = PolicyHolder(Runtime(policy))
     app[METRICS] = Metrics()
-    app[AUDIT_SINK] = AuditSink(policy.gateway.audit_log)
+    app[AUDIT_SINK] = AuditSink(policy.gateway.audit_log, worker)
     app.cleanup_ctx.append(_session_ctx)
     app.cleanup_ctx.append(audit_sink_ctx)
     if reload_from is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -20,10 +21,17 @@ from gateway.policy import AuditLogSettings
 log = logging.getLogger("kvfence.gateway.audit")
 
 
-def open_log(settings: AuditLogSettings) -> AuditLog:
+def worker_path(path: Path, worker: int | None) -> Path:
+    """Each worker process of one gateway keeps its own chain: `audit.jsonl` -> `audit.w2.jsonl`."""
+    if worker is None:
+        return path
+    return path.with_name(f"{path.stem}.w{worker}{path.suffix}")
+
+
+def open_log(settings: AuditLogSettings, worker: int | None = None) -> AuditLog:
     """Blocking: creates or resumes the file."""
     return AuditLog(
-        settings.path,
+        worker_path(settings.path, worker),
         settings.key.value,
         fsync=settings.fsync.value,
         batch_max_records=settings.batch_max_records,
@@ -35,9 +43,10 @@ def open_log(settings: AuditLogSettings) -> AuditLog:
 class AuditSink:
     """Holds the current `AuditLog` (or none) for the app."""
 
-    def __init__(self, settings: AuditLogSettings | None) -> None:
+    def __init__(self, settings: AuditLogSettings | None, worker: int | None = None) -> None:
         self._settings = settings
-        self._log = open_log(settings) if settings is not None else None
+        self._worker = worker
+        self._log = open_log(settings, worker) if settings is not None else None
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -48,7 +57,9 @@ class AuditSink:
             if settings != self._settings:
                 old = self._log
                 self._log = (
-                    None if settings is None else await asyncio.to_thread(open_log, settings)
+                    None
+                    if settings is None
+                    else await asyncio.to_thread(open_log, settings, self._worker)
                 )
                 self._settings = settings
                 if old is not None:

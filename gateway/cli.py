@@ -33,12 +33,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
 
 
-async def _serve(args: argparse.Namespace, reuse_port: bool) -> None:
+async def _serve(args: argparse.Namespace, worker: int | None) -> None:
     policy = load_policy(args.policy)
-    app = create_app(policy, reload_from=Path(args.policy))
+    app = create_app(policy, reload_from=Path(args.policy), worker=worker)
     host = args.host or policy.gateway.listen.host
     port = policy.gateway.listen.port if args.port is None else args.port
-    runner = await start(app, host, port, reuse_port=reuse_port)
+    runner = await start(app, host, port, reuse_port=worker is not None)
     log.info("serving", extra={"host": host, "port": bound_port(runner), "pid": os.getpid()})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -50,16 +50,16 @@ async def _serve(args: argparse.Namespace, reuse_port: bool) -> None:
         await runner.cleanup()
 
 
-def _run(args: argparse.Namespace, reuse_port: bool) -> None:
+def _run(args: argparse.Namespace, worker: int | None) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(_serve(args, reuse_port))
+        asyncio.run(_serve(args, worker))
     else:
-        uvloop.run(_serve(args, reuse_port))
+        uvloop.run(_serve(args, worker))
 
 
-def _child(args: argparse.Namespace) -> int:
+def _child(args: argparse.Namespace, worker: int) -> int:
     """A worker; a stop signal that arrives before its event loop runs still exits cleanly."""
 
     def early_stop(_sig: int, _frame: object) -> None:
@@ -68,7 +68,7 @@ def _child(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, early_stop)
     try:
-        _run(args, reuse_port=True)
+        _run(args, worker)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
     return 0
@@ -76,10 +76,10 @@ def _child(args: argparse.Namespace) -> int:
 
 def _fork_workers(args: argparse.Namespace) -> int:
     children: list[int] = []
-    for _ in range(args.workers):
+    for worker in range(1, args.workers + 1):
         pid = os.fork()
         if pid == 0:
-            os._exit(_child(args))
+            os._exit(_child(args, worker))
         children.append(pid)
 
     def forward(sig: int, _frame: object) -> None:
@@ -111,6 +111,6 @@ def main(args: argparse.Namespace) -> int:
         print("kvfence gateway: --workers must be at least 1", file=sys.stderr)
         return 2
     if args.workers == 1:
-        _run(args, reuse_port=False)
+        _run(args, None)
         return 0
     return _fork_workers(args)

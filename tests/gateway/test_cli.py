@@ -81,9 +81,9 @@ def test_gateway_refuses_without_c_parser(tmp_path: Path) -> None:
 
 
 async def test_gateway_workers_share_the_port(tmp_path: Path, upstream: FakeUpstream) -> None:
-    (tmp_path / "p.yaml").write_text(
-        policy_text(upstream.url).replace("access_log: false", "access_log: true")
-    )
+    (tmp_path / "audit.key").write_text("k" * 32)
+    audit = "access_log: true\n  audit_log: {path: audit.jsonl, key: {file: audit.key}}"
+    (tmp_path / "p.yaml").write_text(policy_text(upstream.url).replace("access_log: false", audit))
     port = _free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -123,3 +123,16 @@ async def test_gateway_workers_share_the_port(tmp_path: Path, upstream: FakeUpst
         logs = b"".join(seen).decode() + (await proc.stderr.read()).decode()
     assert logs.count('"msg":"serving"') == 2
     assert '"tenant":"acme"' in logs and KEYS["acme"] not in logs
+    _check_worker_chains(tmp_path)
+
+
+def _check_worker_chains(tmp_path: Path) -> None:
+    """Each worker keeps its own audit chain; together they hold one record per response."""
+    assert not (tmp_path / "audit.jsonl").exists()
+    chains = sorted(tmp_path.glob("audit.w*.jsonl"))
+    assert chains and {p.name for p in chains} <= {"audit.w1.jsonl", "audit.w2.jsonl"}
+    records = [line for p in chains for line in p.read_text().splitlines() if '"record"' in line]
+    assert len(records) == 4
+    key = str(tmp_path / "audit.key")
+    for chain in chains:
+        assert kvfence_main(["audit", "verify", str(chain), "--key-file", key]) == 0
