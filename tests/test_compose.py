@@ -89,22 +89,12 @@ def _dockerfile_stages(text: str) -> dict[str, dict[str, Any]]:
 STAGES = _dockerfile_stages(DOCKERFILE.read_text())
 
 
-def _import_or_skip(module_name: str) -> Any:
-    """The module, or a skip while it is not written yet; any other import error fails."""
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module_name.startswith(exc.name):
-            pytest.skip(f"{module_name} is not written yet")
-        raise
-
-
 def _parse_kvfence_args(args: list[str]) -> argparse.Namespace:
     """Parse as `kvfence ARGS` would, with the subcommand's real parser; fail on exit."""
     name, rest = args[0], args[1:]
     assert name in COMMANDS, f"{name!r} is not a kvfence command ({sorted(COMMANDS)})"
     module_name, text = COMMANDS[name]
-    module = _import_or_skip(module_name)
+    module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"kvfence {name}", description=text)
     module.configure(parser)
     err = io.StringIO()
@@ -273,7 +263,7 @@ def test_documented_setup_makes_every_secret_and_the_policy_loads(tmp_path: Path
     keyfile.load_private_key(files["backend_signing_key"])
     gateway_trust = keyfile.TrustStore.from_file(files["gateway_trust"])
 
-    load_policy = _import_or_skip("gateway.policy_load").load_policy
+    load_policy = importlib.import_module("gateway.policy_load").load_policy
     # The backend signs attestations under its key file's stem; the gateway must trust that id.
     backend_args = [str(a) for a in SERVICES["backend"]["command"]]
     attestation_key_id = Path(_option(backend_args, "--signing-key")).stem
