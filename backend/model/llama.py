@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.model.config import ModelConfig
+from backend.model.linear import Projection
 
 REFINE_K = 16
 
@@ -42,6 +43,14 @@ class LayerWeights:
     down: torch.Tensor  # [H, F]
 
 
+@dataclass(frozen=True, slots=True)
+class _LayerProjections:
+    qkv: Projection
+    o: Projection
+    gate_up: Projection
+    down: Projection
+
+
 class Llama:
     """Inference-only decoder over packed tokens (no batch dimension: [T] token ids)."""
 
@@ -62,7 +71,15 @@ class Llama:
         self.dtype = layers[0].qkv.dtype
         # A float32 [V, H] product is 4x slower than bfloat16 at batch 8 on the CPU: project in
         # the model dtype, then recompute the few top candidates exactly.
-        self._head_fast = None if self.dtype == torch.float32 else self.lm_head.to(self.dtype)
+        self._head_fast = (
+            None if self.dtype == torch.float32 else Projection(self.lm_head.to(self.dtype))
+        )
+        self._proj = [
+            _LayerProjections(
+                Projection(w.qkv), Projection(w.o), Projection(w.gate_up), Projection(w.down)
+            )
+            for w in layers
+        ]
         self._cos, self._sin = _rope_tables(config, self.device)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,18 +104,18 @@ class Llama:
         t = x.shape[0]
         n_qk = cfg.n_heads + cfg.n_kv_heads
         dt = self.dtype
-        for i, w in enumerate(self.layers):
+        for i, (w, p) in enumerate(zip(self.layers, self._proj, strict=True)):
             h = F.rms_norm(x, (cfg.hidden,), w.attn_norm, cfg.rms_eps).to(dt)
-            qkv = _linear(h, w.qkv)  # [T, q_size + 2 kv_size]
+            qkv = p.qkv(h)  # [T, q_size + 2 kv_size]
             qk = qkv[:, : cfg.q_size + cfg.kv_size].view(t, n_qk, cfg.head_dim)
             qk = qk * cos + _rotate_half(qk) * sin  # [T, Hq + Hkv, D]
             q = qk[:, : cfg.n_heads]
             k = qk[:, cfg.n_heads :]
             v = qkv[:, cfg.q_size + cfg.kv_size :].view(t, cfg.n_kv_heads, cfg.head_dim)
-            x = x + _linear(attention(i, q, k, v), w.o)
+            x = x + p.o(attention(i, q, k, v))
             h = F.rms_norm(x, (cfg.hidden,), w.ffn_norm, cfg.rms_eps).to(dt)
-            gate, up = _linear(h, w.gate_up).chunk(2, dim=-1)
-            x = x + _linear(F.silu(gate) * up, w.down)
+            gate, up = p.gate_up(h).chunk(2, dim=-1)
+            x = x + p.down(F.silu(gate) * up)
         if logits_index is not None:
             x = x[logits_index]
         x = F.rms_norm(x, (cfg.hidden,), self.norm, cfg.rms_eps)
@@ -108,7 +125,7 @@ class Llama:
         """x: [N, H] fp32 final hidden states -> [N, V] fp32; the top REFINE_K are exact."""
         if self._head_fast is None:
             return F.linear(x, self.lm_head)
-        approx = _linear(x.to(self.dtype), self._head_fast).float()
+        approx = self._head_fast(x.to(self.dtype)).float()
         top = approx.topk(min(REFINE_K, approx.shape[-1]), dim=-1).indices  # [N, K]
         exact = (self.lm_head[top] * x.unsqueeze(1)).sum(dim=-1)  # [N, K], per-row sums
         return approx.scatter_(1, top, exact)
@@ -136,14 +153,6 @@ class DenseCausalAttention:
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
         )  # [Hq, S, D]
         return out.transpose(0, 1).reshape(q.shape[0], -1)
-
-
-def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x: [M, K] @ w.T. A single row goes through the same kernel as a batch (a matrix-vector
-    kernel sums in another order), so a sequence's logits do not depend on its batch-mates."""
-    if x.shape[0] == 1:
-        return F.linear(x.expand(2, -1), w)[:1]
-    return F.linear(x, w)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from backend.model import LoadedModel
+from backend.model.linear import Projection
 from backend.model.llama import DenseCausalAttention
 
 
@@ -57,3 +59,17 @@ def test_dense_forward_gives_the_reference_answer(smollm2: LoadedModel) -> None:
         for _ in range(8):
             ids.append(int(smollm2.model.forward_dense(ids)[-1].argmax()))
     assert tok.decode(ids[-8:]).startswith("The capital of France is Paris.")
+
+
+def test_projection_rows_do_not_depend_on_batch_mates() -> None:
+    """Whatever layout a bfloat16 weight is kept in, a row's product is F.linear's, alone or
+    batched (the batched == one-at-a-time guarantee rests on this)."""
+    dtype = torch.bfloat16
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(96, 160, generator=gen).to(dtype)
+    x = torch.randn(9, 160, generator=gen).to(dtype)
+    proj = Projection(weight)
+    batched = proj(x)
+    assert torch.equal(batched, F.linear(x, weight))
+    for i in range(x.shape[0]):
+        assert torch.equal(proj(x[i : i + 1]), batched[i : i + 1])
