@@ -83,9 +83,10 @@ class Llama:
         self._cos, self._sin = _rope_tables(config, self.device)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [T] -> cos, sin: [T, 1, D] in the model dtype."""
-        cos = self._cos[positions].to(self.dtype).unsqueeze(1)
-        sin = self._sin[positions].to(self.dtype).unsqueeze(1)
+        """positions: [T] -> cos, sin: [T, 1, D] in the model dtype; sin's first half is negated
+        (rotate-half's sign), so q * cos + roll(q, D/2) * sin rotates q."""
+        cos = self._cos.index_select(0, positions).to(self.dtype).unsqueeze(1)
+        sin = self._sin.index_select(0, positions).to(self.dtype).unsqueeze(1)
         return cos, sin
 
     def forward(
@@ -99,16 +100,17 @@ class Llama:
 
         Without logits_index every row is projected ([T, V])."""
         cfg = self.config
-        x = self.embed[input_ids]  # [T, H] fp32 residual stream
+        x = self.embed.index_select(0, input_ids)  # [T, H] fp32 residual stream
         cos, sin = self.rope(positions)
         t = x.shape[0]
         n_qk = cfg.n_heads + cfg.n_kv_heads
         dt = self.dtype
+        half = cfg.head_dim // 2
         for i, (w, p) in enumerate(zip(self.layers, self._proj, strict=True)):
             h = F.rms_norm(x, (cfg.hidden,), w.attn_norm, cfg.rms_eps).to(dt)
             qkv = p.qkv(h)  # [T, q_size + 2 kv_size]
             qk = qkv[:, : cfg.q_size + cfg.kv_size].view(t, n_qk, cfg.head_dim)
-            qk = qk * cos + _rotate_half(qk) * sin  # [T, Hq + Hkv, D]
+            qk = qk * cos + qk.roll(half, -1) * sin  # [T, Hq + Hkv, D], rotate-half
             q = qk[:, : cfg.n_heads]
             k = qk[:, cfg.n_heads :]
             v = qkv[:, cfg.q_size + cfg.kv_size :].view(t, cfg.n_kv_heads, cfg.head_dim)
@@ -155,13 +157,9 @@ class DenseCausalAttention:
         return out.transpose(0, 1).reshape(q.shape[0], -1)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def _rope_tables(config: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin: [max_positions, D] in fp32, halves duplicated for rotate-half."""
+    """cos, sin: [max_positions, D] in fp32, halves duplicated for rotate-half, and sin's first
+    half negated: (-x2 * s, x1 * s) is roll(x) * (-s, s) exactly, a sign flip being exact."""
     d = config.head_dim
     inv_freq = 1.0 / (
         config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d)
@@ -169,4 +167,6 @@ def _rope_tables(config: ModelConfig, device: torch.device) -> tuple[torch.Tenso
     pos = torch.arange(config.max_positions, dtype=torch.float64, device=device)
     angles = torch.outer(pos, inv_freq)  # [P, D/2]
     angles = torch.cat((angles, angles), dim=-1)  # [P, D]
-    return angles.cos().float(), angles.sin().float()
+    sin = angles.sin()
+    sin[:, : d // 2].neg_()
+    return angles.cos().float(), sin.float()
