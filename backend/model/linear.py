@@ -38,19 +38,19 @@ class Projection:
 
 def _packable(weight: torch.Tensor) -> bool:
     """oneDNN prepacking: bfloat16 on a CPU with native bfloat16 support only."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
-        and torch._C._has_mkldnn
-        and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    )
+    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or not torch._C._has_mkldnn:
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch build without the operator
+        return False
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor | None:
     """The weight in oneDNN's blocked layout, or None when that would change a result.
 
     The reorder is otherwise done on every call; its product must match F.linear's exactly."""
-    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS)
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _PACK_ROWS)
     gen = torch.Generator().manual_seed(0)
     for rows in _PROBE_ROWS:
         x = torch.randn(rows, weight.shape[1], generator=gen).to(weight.dtype)
