@@ -90,9 +90,9 @@ def _finish(request: web.Request, status: int, timing: Timing) -> None:
     route = request.get(ROUTE)
     backend = route.backend.name if route is not None else "-"
     m = request.app[METRICS]
-    m.requests.labels(tenant, backend, str(status)).inc()
+    m.child(m.requests, tenant, backend, str(status)).inc()
     if timing.upstream_sent:
-        m.latency.labels(backend).observe(end - timing.start)
+        m.child(m.latency, backend).observe(end - timing.start)
         after = timing.client_headers - timing.upstream_headers if timing.client_headers else 0.0
         m.added.observe(timing.upstream_sent - timing.start + after)
     if request[RUNTIME].policy.gateway.access_log:

@@ -46,10 +46,10 @@ async def audit(
 ) -> None:
     """Count the verdict and write its record; AuditWriteFailed when the record is lost."""
     metrics = request.app[METRICS]
-    metrics.verdicts.labels(ctx.backend.name, outcome.verdict.value).inc()
+    metrics.child(metrics.verdicts, ctx.backend.name, outcome.verdict.value).inc()
     tenant = request[TENANT].id
     if usage[1]:
-        metrics.cached_tokens.labels(tenant).inc(usage[1])
+        metrics.child(metrics.cached_tokens, tenant).inc(usage[1])
     record = audit_record(
         request_id=request[REQUEST_ID],
         tenant=tenant,

@@ -5,7 +5,11 @@ Invariant: label values are bounded by the policy (tenant ids, backend names) or
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+M = TypeVar("M", Counter, Histogram)
 
 _FAST = (0.0001, 0.0002, 0.0003, 0.0005, 0.001, 0.0015, 0.003, 0.005, 0.01, 0.05)
 _SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -56,6 +60,16 @@ class Metrics:
         self.audit_failures = Counter(
             p + "audit_write_failures", "Audit records that could not be written", registry=r
         )
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def child(self, metric: M, *values: str) -> M:
+        """`metric.labels(*values)`, looked up once per label set (the registry keeps every
+        child anyway, so this cache holds no more than it does)."""
+        key = (metric, *values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -33,7 +33,6 @@ log = logging.getLogger("kvfence.gateway.proxy")
 async def _open(request: web.Request, timeouts: Timeouts) -> aiohttp.ClientResponse:
     route = request[ROUTE]
     data = orjson.dumps(request[BODY])
-    timeout = aiohttp.ClientTimeout(sock_connect=timeouts.connect_s)
     request[TIMING].upstream_sent = time.perf_counter()
     try:
         async with asyncio.timeout(timeouts.first_byte_s):
@@ -41,7 +40,7 @@ async def _open(request: web.Request, timeouts: Timeouts) -> aiohttp.ClientRespo
                 route.backend.url + request.path,
                 data=data,
                 headers=request[UPSTREAM_HEADERS],
-                timeout=timeout,
+                timeout=request[RUNTIME].upstream_timeout,
             )
     except TimeoutError:
         raise UpstreamTimeout(f"backend {route.backend.name} did not answer in time") from None

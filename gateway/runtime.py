@@ -11,6 +11,8 @@ import hmac
 from dataclasses import dataclass
 from typing import Final
 
+import aiohttp
+
 from gateway.adapters.base import Adapter
 from gateway.adapters.kvfence import KvfenceAdapter
 from gateway.adapters.registry import ADAPTERS
@@ -50,6 +52,7 @@ class Runtime:
         "attestations",
         "policy",
         "routes",
+        "upstream_timeout",
     )
 
     def __init__(self, policy: Policy) -> None:
@@ -70,6 +73,10 @@ class Runtime:
             m.name: Route(b, m, adapters[b.name]) for b in policy.backends for m in b.models
         }
         self._cache: dict[tuple[str, str, str, str], str] = {}
+        # aiohttp's share of the upstream deadlines; the first byte has its own (see proxy).
+        self.upstream_timeout = aiohttp.ClientTimeout(
+            sock_connect=policy.gateway.timeouts.connect_s
+        )
 
     def tenant_for_key(self, key: str) -> Tenant | None:
         """The key's tenant, or None. Malformed keys stop before any lookup; the table is keyed

@@ -37,8 +37,14 @@ CLIENT_CLOSED: Final = 499  # the status recorded when the client disconnects mi
 
 
 async def read_chunk(upstream: aiohttp.ClientResponse, idle_s: float) -> bytes:
+    """What arrived since the last read (b"" at the end); waits at most `idle_s` for more.
+    Data already buffered, or the end, is taken without arming a deadline (nothing waits)."""
+    content = upstream.content
+    data = content.read_nowait()
+    if data or content.is_eof():
+        return data
     async with asyncio.timeout(idle_s):
-        return await upstream.content.readany()
+        return await content.readany()
 
 
 async def _first_event(

@@ -28,7 +28,8 @@ async def inject(request: web.Request) -> None:
         headers["authorization"] = "Bearer " + route.backend.api_key.value.decode()
     route.adapter.inject(request.path, body, headers, request[NAMESPACE])
     if route.adapter.scoped:
-        request.app[METRICS].salts.labels(route.backend.name).inc()
+        metrics = request.app[METRICS]
+        metrics.child(metrics.salts, route.backend.name).inc()
     streaming = body.get("stream") is True and request.path in (CHAT, COMPLETIONS)
     request[DROP_USAGE] = _ask_for_usage(body) if streaming else False
     request[UPSTREAM_HEADERS] = headers
