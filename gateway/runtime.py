@@ -6,6 +6,7 @@ a reload builds a new `Runtime`, so a key rotation drops every cached namespace 
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from dataclasses import dataclass
 from typing import Final
@@ -82,7 +83,7 @@ class Runtime:
         by a peppered HMAC, and the found entry is confirmed with a constant-time compare."""
         if not is_well_formed(key):
             return None
-        digest = "hmac-sha256:" + hmac.digest(self._pepper, key.encode(), "sha256").hex()
+        digest = "hmac-sha256:" + hmac.new(self._pepper, key.encode(), hashlib.sha256).hexdigest()
         tenant = self._tenants.get(digest)
         if tenant is None or not any(hmac.compare_digest(digest, d) for d in tenant.api_keys):
             return None
