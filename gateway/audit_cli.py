@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import hmac
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import orjson
 
 from gateway.audit_log import chain_tag, head_mac, head_path, mac_key, rotated_paths
+from kvfence.secrets import from_env, from_file
 
 
 class AuditVerifyError(Exception):
@@ -134,14 +134,10 @@ def verify_files(paths: list[Path], key: bytes) -> list[FileSummary]:
 
 
 def load_key(key_env: str | None, key_file: Path | None) -> bytes:
-    """The audit secret: an environment variable's UTF-8 bytes, or a file's bytes without
-    trailing whitespace."""
+    """The audit secret, read the way the policy reads `audit_log.key` (kvfence.secrets)."""
     if key_file is not None:
-        return mac_key(key_file.read_bytes().rstrip())
-    value = os.environ.get(key_env or "")
-    if not value:
-        raise ValueError(f"environment variable {key_env} is not set")
-    return mac_key(value.encode())
+        return mac_key(from_file(key_file))
+    return mac_key(from_env(key_env or ""))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from gateway.policy import Secret, SecretRef
 from gateway.policy_yaml import Node
+from kvfence.secrets import SecretError, from_env, from_file
 
 _KEYS = frozenset({"env", "file"})
 
@@ -24,17 +25,10 @@ def read_ref(node: Node) -> SecretRef:
 
 def resolve(node: Node, env: Mapping[str, str], base: Path, min_bytes: int) -> Secret:
     ref = read_ref(node)
-    if ref.source == "env":
-        text = env.get(ref.name, "")
-        if not text:
-            node.fail(f"environment variable {ref.name} is not set")
-        value = text.encode("utf-8")
-    else:
-        path = base / ref.name
-        try:
-            value = path.read_bytes().rstrip(b"\r\n")
-        except OSError as exc:
-            node.fail(f"cannot read secret file {ref.name}: {exc.strerror}")
+    try:
+        value = from_env(ref.name, env) if ref.source == "env" else from_file(base / ref.name)
+    except SecretError as exc:
+        node.fail(str(exc))
     if len(value) < min_bytes:
         node.fail(f"the secret in {ref} must be at least {min_bytes} bytes")
     return Secret(ref, value)

@@ -6,14 +6,15 @@ The pepper comes from an environment variable, a file, or the policy's `api_key_
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import yaml
 
 from kvfence.apikey import MIN_PEPPER_BYTES, key_digest, mint_key
+from kvfence.secrets import SecretError, from_env, from_file
 
 
 class PepperError(Exception):
@@ -31,18 +32,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--policy", metavar="FILE", help="read the pepper reference from a policy")
 
 
-def _from_env(name: str) -> bytes:
-    value = os.environ.get(name)
-    if not value:
-        raise PepperError(f"environment variable {name} is not set")
-    return value.encode("utf-8")
-
-
-def _from_file(path: str) -> bytes:
+def _secret(read: Callable[[], bytes]) -> bytes:
     try:
-        return Path(path).read_bytes().rstrip(b"\r\n")
-    except OSError as exc:
-        raise PepperError(f"cannot read pepper file {path}: {exc.strerror}") from exc
+        return read()
+    except SecretError as exc:
+        raise PepperError(str(exc)) from exc
 
 
 def _from_policy(path: str) -> bytes:
@@ -52,19 +46,20 @@ def _from_policy(path: str) -> bytes:
     except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
         raise PepperError(f"{path}: no readable gateway.api_key_pepper") from exc
     if isinstance(ref, dict) and set(ref) == {"env"}:
-        return _from_env(str(ref["env"]))
+        return _secret(lambda: from_env(str(ref["env"])))
     if isinstance(ref, dict) and set(ref) == {"file"}:
-        return _from_file(str(ref["file"]))
+        # As in the policy itself, a file is relative to the policy's folder.
+        return _secret(lambda: from_file(Path(path).parent / str(ref["file"])))
     raise PepperError(f"{path}: gateway.api_key_pepper must be {{env: NAME}} or {{file: PATH}}")
 
 
 def read_pepper(args: argparse.Namespace) -> bytes:
     if args.pepper_file:
-        pepper = _from_file(args.pepper_file)
+        pepper = _secret(lambda: from_file(Path(args.pepper_file)))
     elif args.policy:
         pepper = _from_policy(args.policy)
     else:
-        pepper = _from_env(args.pepper_env or "KVFENCE_PEPPER")
+        pepper = _secret(lambda: from_env(args.pepper_env or "KVFENCE_PEPPER"))
     if len(pepper) < MIN_PEPPER_BYTES:
         raise PepperError(f"the pepper must be at least {MIN_PEPPER_BYTES} bytes")
     return pepper

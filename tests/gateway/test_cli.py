@@ -136,3 +136,16 @@ def _check_worker_chains(tmp_path: Path) -> None:
     key = str(tmp_path / "audit.key")
     for chain in chains:
         assert kvfence_main(["audit", "verify", str(chain), "--key-file", key]) == 0
+
+
+def test_keys_new_reads_a_policy_pepper_file_beside_the_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "pepper").write_text(PEPPER + "\n")
+    text = policy_text("http://127.0.0.1:9").replace("{env: PEPPER}", "{file: pepper}")
+    (tmp_path / "conf" / "p.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)  # the file is found beside the policy, not in the cwd
+    assert kvfence_main(["keys", "new", "--tenant", "a", "--json", "--policy", "conf/p.yaml"]) == 0
+    out = orjson.loads(capsys.readouterr().out)
+    assert out["digest"] == key_digest(PEPPER.encode(), out["api_key"])
