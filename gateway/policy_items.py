@@ -7,9 +7,10 @@ every tenant model is served; a backend that cannot scope its cache needs `allow
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
@@ -20,6 +21,8 @@ from gateway.policy_secrets import resolve
 from gateway.policy_yaml import Node, guarded
 from gateway.sanitize import is_scoping_header
 from kvfence.apikey import is_digest
+
+T = TypeVar("T")
 
 _F = frozenset
 _BACKEND_REQ = _F({"name", "kind", "url", "models"})
@@ -78,21 +81,30 @@ def _backend(item: Node, env: Mapping[str, str], base: Path, seen: set[str]) -> 
     )
 
 
-def read_backends(node: Node, env: Mapping[str, str], base: Path) -> tuple[Backend, ...]:
-    seen_models: set[str] = set()
-    out: list[Backend] = []
+def _unique_items(
+    node: Node, read: Callable[[Node], T], name_of: Callable[[T], str], what: str
+) -> tuple[T, ...]:
+    """Each list item read on its own (one bad item does not hide the others' errors); a
+    repeated name is an error at the repeating item."""
+    out: list[T] = []
 
-    def one(item: Node) -> Backend:
-        backend = _backend(item, env, base, seen_models)
-        if any(b.name == backend.name for b in out):
-            item.fail(f"duplicate backend name {backend.name}")
-        return backend
+    def one(item: Node) -> T:
+        value = read(item)
+        if any(name_of(v) == name_of(value) for v in out):
+            item.fail(f"duplicate {what} {name_of(value)}")
+        return value
 
     for item in guarded(node.items) or []:
-        backend = guarded(partial(one, item))
-        if backend is not None:
-            out.append(backend)
+        value = guarded(partial(one, item))
+        if value is not None:
+            out.append(value)
     return tuple(out)
+
+
+def read_backends(node: Node, env: Mapping[str, str], base: Path) -> tuple[Backend, ...]:
+    seen_models: set[str] = set()
+    read = partial(_backend, env=env, base=base, seen=seen_models)
+    return _unique_items(node, read, lambda b: b.name, "backend name")
 
 
 def _key_digests(node: Node, base: Path) -> list[tuple[Node, str]]:
@@ -135,16 +147,5 @@ def _tenant(item: Node, served: set[str], digests: set[str], base: Path) -> Tena
 
 def read_tenants(node: Node, served: set[str], base: Path) -> tuple[Tenant, ...]:
     digests: set[str] = set()
-    out: list[Tenant] = []
-
-    def one(item: Node) -> Tenant:
-        tenant = _tenant(item, served, digests, base)
-        if any(t.id == tenant.id for t in out):
-            item.fail(f"duplicate tenant id {tenant.id}")
-        return tenant
-
-    for item in guarded(node.items) or []:
-        tenant = guarded(partial(one, item))
-        if tenant is not None:
-            out.append(tenant)
-    return tuple(out)
+    read = partial(_tenant, served=served, digests=digests, base=base)
+    return _unique_items(node, read, lambda t: t.id, "tenant id")

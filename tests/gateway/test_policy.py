@@ -60,6 +60,12 @@ def test_example_shape_loads() -> None:
             "tenants[1].models[1]: no backend serves model nope",
         ),
         ("id: globex", "id: acme", "tenants[1]: duplicate tenant id acme"),
+        (
+            "backends:\n",
+            "backends:\n  - {name: fake-vllm, kind: vllm, url: http://127.0.0.1:9, "
+            "models: [{name: third, revision: '1'}]}\n",
+            "backends[1]: duplicate backend name fake-vllm",
+        ),
         ("kind: vllm", "kind: tgi", "backends[0].kind: kind tgi cannot scope its prefix cache"),
         ("kind: vllm", "kind: nginx", "backends[0].kind: must be one of vllm"),
         ("active: true}", "active: false}", "gateway.namespace_keys: exactly one"),
