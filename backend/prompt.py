@@ -25,7 +25,7 @@ def chat_prompt_ids(
 ) -> list[int]:
     if not any(s in m["content"] for m in messages for s in specials):
         return tokenizer.encode(tokenizer.render_chat(messages, add_generation_prompt=True))
-    # Render with placeholders, then encode template text and message text separately.
+    # Render with markers in place of the contents, then encode template and message text apart.
     marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
     placed = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
     rest = tokenizer.render_chat(placed, add_generation_prompt=True)
