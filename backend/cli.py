@@ -57,8 +57,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--log-level", default="info")
-    # Test-only fault injection: maps another namespace's cached block into new requests.
-    parser.add_argument("--fault-foreign-block", action="store_true", help=argparse.SUPPRESS)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -105,7 +103,6 @@ def build(args: argparse.Namespace) -> web.Application:
         max_num_seqs=args.max_num_seqs,
         max_step_tokens=args.max_step_tokens,
         namespace_quota=args.namespace_quota,
-        fault_foreign_block=args.fault_foreign_block,
     )
 
     def build_engine() -> tuple[Engine, tuple[LoadedModel, ModelRunner]]:

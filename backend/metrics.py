@@ -1,4 +1,5 @@
-"""Prometheus metrics of one backend process. Namespaces appear only as short digests."""
+"""Prometheus metrics of one backend process. Namespaces appear only as their labels
+(`kvfence.namespace.namespace_label`), the same labels the gateway's audit records carry."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class BackendMetrics:
         self.running = Gauge("kvfence_backend_running", "Requests running", registry=r)
         self.namespace_blocks = Gauge(
             "kvfence_backend_namespace_blocks",
-            "KV blocks per namespace (by digest)",
+            "KV blocks per namespace (by label)",
             ["namespace"],
             registry=r,
         )
@@ -63,5 +64,5 @@ class BackendMetrics:
         self.queue_depth.set(stats.waiting)
         self.running.set(stats.running)
         self.namespace_blocks.clear()
-        for digest, count in stats.namespace_blocks.items():
-            self.namespace_blocks.labels(digest).set(count)
+        for label, count in stats.namespace_blocks.items():
+            self.namespace_blocks.labels(label).set(count)

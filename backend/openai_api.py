@@ -13,22 +13,15 @@ from typing import Any
 import orjson
 
 from backend.engine.plan import SamplingParams
+from backend.errors import BadRequest
 
 MAX_TOKENS_DEFAULT = 256
 MAX_TOKENS_LIMIT = 4096
 
 
-class BadRequest(ValueError):
-    """The request body is malformed or a field is out of range (HTTP 400)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
-    kind: str  # "chat" | "completion"
+    endpoint: str  # "chat" | "completion"
     model: str
     messages: tuple[dict[str, str], ...]
     prompt: str
@@ -49,13 +42,13 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def parse_generation(body: dict[str, Any], kind: str) -> GenerationRequest:
+def parse_generation(body: dict[str, Any], endpoint: str) -> GenerationRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' must be a non-empty string", "model")
     messages: tuple[dict[str, str], ...] = ()
     prompt = ""
-    if kind == "chat":
+    if endpoint == "chat":
         messages = _messages(body.get("messages"))
     else:
         prompt = _prompt(body.get("prompt"))
@@ -80,7 +73,7 @@ def parse_generation(body: dict[str, Any], kind: str) -> GenerationRequest:
     stop = _stop(body.get("stop"))
     ignore_eos = _bool(body, "ignore_eos", False)
     return GenerationRequest(
-        kind, model, messages, prompt, sampling, stop, stream, include_usage, ignore_eos
+        endpoint, model, messages, prompt, sampling, stop, stream, include_usage, ignore_eos
     )
 
 
@@ -97,7 +90,9 @@ def _messages(value: Any) -> tuple[dict[str, str], ...]:
         if isinstance(content, list):  # content parts: only text is supported
             parts = [p.get("text") for p in content if isinstance(p, dict)]
             if not all(isinstance(p, str) for p in parts) or len(parts) != len(content):
-                raise BadRequest(f"messages[{i}].content: only text parts are supported")
+                raise BadRequest(
+                    f"messages[{i}].content: only text parts are supported", "messages"
+                )
             content = "".join(parts)  # type: ignore[arg-type]
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string", "messages")
@@ -158,7 +153,7 @@ def completion_body(
     req: GenerationRequest, rid: str, text: str, finish: str, use: dict[str, Any]
 ) -> dict[str, Any]:
     created = int(time.time())
-    if req.kind == "chat":
+    if req.endpoint == "chat":
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
@@ -187,7 +182,7 @@ def completion_body(
 def chunk_body(
     req: GenerationRequest, rid: str, created: int, text: str | None, finish: str | None
 ) -> dict[str, Any]:
-    if req.kind == "chat":
+    if req.endpoint == "chat":
         delta: dict[str, Any] = {} if text is None else {"content": text}
         choice: dict[str, Any] = {
             "index": 0,
@@ -203,7 +198,7 @@ def chunk_body(
 
 
 def usage_chunk(req: GenerationRequest, rid: str, created: int, use: dict[str, Any]) -> bytes:
-    obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+    obj = "chat.completion.chunk" if req.endpoint == "chat" else "text_completion"
     body = {
         "id": rid,
         "object": obj,
@@ -217,7 +212,3 @@ def usage_chunk(req: GenerationRequest, rid: str, created: int, use: dict[str, A
 
 def sse(body: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(body) + b"\n\n"
-
-
-def error_body(message: str, kind: str, code: str, param: str | None = None) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": kind, "code": code, "param": param}})

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from backend.errors import BadChat, ContextLengthExceeded
+from backend.model.chat_template import ChatTemplateError
 from backend.model.tokenizer import Tokenizer
+from backend.openai_api import GenerationRequest
 
 
 class UnsafeTemplate(ValueError):
@@ -37,3 +40,22 @@ def chat_prompt_ids(
         ids += tokenizer.encode(head)
         ids += tokenizer.encode(message["content"], parse_special=False)
     return ids + tokenizer.encode(rest)
+
+
+def prompt_ids(
+    tokenizer: Tokenizer, specials: tuple[str, ...], req: GenerationRequest, max_positions: int
+) -> list[int]:
+    """The request's prompt as token ids; BadChat or ContextLengthExceeded when it cannot run."""
+    if req.endpoint == "completion":
+        ids = list(tokenizer.encode(req.prompt))  # a raw prompt is the caller's own, specials too
+    else:
+        try:
+            ids = chat_prompt_ids(tokenizer, req.messages, specials)
+        except (ChatTemplateError, UnsafeTemplate) as exc:
+            raise BadChat(f"cannot render the chat: {exc}", "messages") from None
+    if len(ids) + req.sampling.max_tokens > max_positions:
+        raise ContextLengthExceeded(
+            f"prompt ({len(ids)} tokens) plus max_tokens exceeds the context of {max_positions}",
+            "max_tokens",
+        )
+    return ids

@@ -17,13 +17,12 @@ from aiohttp import web
 
 from backend import openai_api as api
 from backend.engine.engine import StepOutput
-from backend.engine.scheduler import PromptTooLongError
+from backend.errors import BackendError, GenerationFailed, error_body
 from backend.openai_api import GenerationRequest
-from backend.service import Backend, error_response
+from backend.service import Backend
 from backend.textstream import TextStream
-from backend.worker import EngineFailed
+from kvfence.attestation import ATTESTATION_EVENT, ATTESTATION_FIELD, ATTESTATION_HEADER
 from kvfence.capability import Namespace
-from kvfence.handle import ATTESTATION_EVENT, ATTESTATION_FIELD, ATTESTATION_HEADER
 
 
 class Generation:
@@ -36,16 +35,15 @@ class Generation:
         request_id: str,
         namespace: Namespace,
         prompt: list[int],
-        key: int,
         outputs: asyncio.Queue[StepOutput | BaseException],
     ) -> None:
         self.backend, self.req, self.request_id = backend, req, request_id
-        self.namespace, self.prompt, self.key, self.outputs = namespace, prompt, key, outputs
+        self.namespace, self.prompt, self.outputs = namespace, prompt, outputs
         self.text = TextStream(backend.tokenizer.incremental(), req.stop)
         self.cached = 0
         self.generated = 0
         self.finish = "stop"
-        self.rid = ("chatcmpl-" if req.kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.rid = ("chatcmpl-" if req.endpoint == "chat" else "cmpl-") + uuid.uuid4().hex
         self.started = time.perf_counter()
 
     def _attest(self, first: StepOutput) -> str:
@@ -64,9 +62,12 @@ class Generation:
         )
 
     async def _next(self) -> StepOutput:
+        """The next output; the engine's refusal (a BackendError) or failure is raised."""
         item = await self.outputs.get()
-        if isinstance(item, BaseException):
+        if isinstance(item, BackendError):
             raise item
+        if isinstance(item, BaseException):
+            raise GenerationFailed(f"generation failed: {item}") from item
         return item
 
     def _take(self, out: StepOutput) -> tuple[str, bool]:
@@ -86,16 +87,13 @@ class Generation:
         return api.usage(len(self.prompt), self.generated, self.cached)
 
     async def collect(self) -> web.Response:
-        try:
-            first = await self._next()
-            attestation = self._attest(first)
-            parts, (piece, done) = [], self._take(first)
+        first = await self._next()
+        attestation = self._attest(first)
+        parts, (piece, done) = [], self._take(first)
+        parts.append(piece)
+        while not done:
+            piece, done = self._take(await self._next())
             parts.append(piece)
-            while not done:
-                piece, done = self._take(await self._next())
-                parts.append(piece)
-        except (EngineFailed, ValueError) as exc:
-            return failed(exc)
         body = api.completion_body(self.req, self.rid, "".join(parts), self.finish, self._usage())
         return web.Response(
             body=orjson.dumps(body),
@@ -104,10 +102,7 @@ class Generation:
         )
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        try:
-            first = await self._next()
-        except (EngineFailed, ValueError) as exc:
-            return failed(exc)
+        first = await self._next()  # an error before the first token is a plain error answer
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
@@ -117,7 +112,7 @@ class Generation:
         # The attestation travels as a named event whose data is also a valid first chunk (the
         # assistant role, no text), so OpenAI clients that ignore event names still parse it.
         head = api.chunk_body(self.req, self.rid, created, "", None)
-        if self.req.kind == "chat":
+        if self.req.endpoint == "chat":
             head["choices"][0]["delta"] = {"role": "assistant", "content": ""}
         head[ATTESTATION_FIELD] = attestation
         await response.write(f"event: {ATTESTATION_EVENT}\n".encode() + api.sse(head))
@@ -132,9 +127,8 @@ class Generation:
                     )
                 if done:
                     break
-        except EngineFailed:
-            error = {"error": {"message": "generation failed", "type": "server_error"}}
-            await response.write(b"event: error\n" + api.sse(error))
+        except BackendError as exc:
+            await response.write(b"event: error\ndata: " + error_body(exc) + b"\n\n")
             return response  # no [DONE]: a truncated answer must not look complete
         end = api.chunk_body(self.req, self.rid, created, None, self.finish)
         await response.write(api.sse(end))
@@ -143,9 +137,3 @@ class Generation:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
-
-
-def failed(exc: Exception) -> web.Response:
-    if isinstance(exc, PromptTooLongError):
-        return error_response(400, str(exc), "invalid_request_error", "context_length_exceeded")
-    return error_response(503, f"generation failed: {exc}", "server_error", "engine_error")

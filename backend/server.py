@@ -1,41 +1,60 @@
-"""The backend's HTTP server. Every generation request is checked for a valid signed handle
-before anything else, and only the verifier's `Namespace` reaches the engine.
+"""The backend's HTTP server. Every request that reaches the engine first passes `_verified`,
+the one place a handle is checked, before any byte of its body is read; only the verifier's
+`Namespace` reaches the engine. `answer_errors` is the one place an error becomes HTTP.
 
-Invariant: a request without a valid handle never reaches the engine (see `_admit`).
+Invariant: a request without a valid handle never reaches the engine, and its body is not read.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import orjson
 from aiohttp import web
 from prometheus_client import generate_latest
 
 from backend import openai_api as api
-from backend.model.chat_template import ChatTemplateError
-from backend.openai_api import BadRequest, GenerationRequest
-from backend.prompt import UnsafeTemplate, chat_prompt_ids
+from backend.errors import BackendError, HandleRefused, ModelNotFound, error_body
+from backend.prompt import prompt_ids
 from backend.response import Generation
-from backend.service import Backend, error_response
-from backend.worker import EngineFailed
-from kvfence.capability import Namespace
-from kvfence.handle import (
-    HANDLE_HEADER,
-    TokenError,
-)
+from backend.service import Backend
+from kvfence.handle import HANDLE_HEADER
+from kvfence.token import TokenError
 
 log = logging.getLogger("kvfence.backend")
 
-
 BACKEND = web.AppKey("backend", Backend)
+_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
 
 
-class _Refused(Exception):
-    def __init__(self, status: int, message: str, kind: str, code: str) -> None:
-        super().__init__(message)
-        self.status, self.kind, self.code = status, kind, code
+@web.middleware
+async def answer_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        response = await handler(request)
+    except BackendError as exc:
+        response = web.Response(
+            status=exc.status, body=error_body(exc), content_type="application/json"
+        )
+    endpoint = _ENDPOINTS.get(request.path)
+    if endpoint is not None:
+        request.app[BACKEND].metrics.requests.labels(endpoint, str(response.status)).inc()
+    return response
+
+
+def _checked(request: web.Request, check: Callable[[str | None], T]) -> T:
+    """The one place a handle is checked: `check` gets the handle header's value (the
+    verifier's `verify`, or `verify_admin` for an action); a refusal is counted and raised as
+    HandleRefused, which the middleware answers."""
+    try:
+        return check(request.headers.get(HANDLE_HEADER))
+    except TokenError as exc:
+        request.app[BACKEND].metrics.refused.labels(exc.code).inc()
+        raise HandleRefused(exc) from None
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -46,78 +65,22 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, "completion")
 
 
-async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
+async def _generate(request: web.Request, endpoint: str) -> web.StreamResponse:
     backend = request.app[BACKEND]
-    endpoint = "chat" if kind == "chat" else "completions"
-    try:
-        req, namespace, request_id, prompt = await _admit(request, backend, kind)
-    except _Refused as exc:
-        backend.metrics.requests.labels(endpoint, str(exc.status)).inc()
-        return error_response(exc.status, str(exc), exc.kind, exc.code)
-    try:
-        key, stream = backend.worker.submit(
-            namespace, prompt, req.sampling, () if req.ignore_eos else backend.eos
-        )
-    except EngineFailed:
-        backend.metrics.requests.labels(endpoint, "503").inc()
-        return error_response(503, "the engine is not running", "server_error", "engine_down")
-    run = Generation(backend, req, request_id, namespace, prompt, key, stream)
-    try:
-        response = await (run.stream(request) if req.stream else run.collect())
-    finally:
-        backend.worker.abort(key)  # no-op once finished; frees blocks at once on disconnect
-    backend.metrics.requests.labels(endpoint, str(response.status)).inc()
-    return response
-
-
-async def _admit(
-    request: web.Request, backend: Backend, kind: str
-) -> tuple[GenerationRequest, Namespace, str, list[int]]:
-    token = request.headers.get(HANDLE_HEADER)
-    if not token:
-        backend.metrics.refused.labels("missing").inc()
-        raise _Refused(
-            401, "a signed namespace handle is required", "authentication_error", "missing_handle"
-        )
-    try:
-        req = api.parse_generation(api.parse_body(await request.read()), kind)
-    except BadRequest as exc:
-        raise _Refused(400, str(exc), "invalid_request_error", "bad_request") from None
-    try:
-        handle = backend.verifier.verify(token, req.model)
-    except TokenError as exc:
-        backend.metrics.refused.labels(exc.code).inc()
-        kind_ = "authentication_error" if exc.status == 401 else "permission_error"
-        raise _Refused(exc.status, str(exc), kind_, exc.code) from None
+    handle = _checked(request, backend.verifier.verify)
+    req = api.parse_generation(api.parse_body(await request.read()), endpoint)
+    _checked(request, lambda _: handle.check_model(req.model))
     if req.model != backend.model.name or handle.revision != backend.model.revision:
-        raise _Refused(
-            404,
-            f"model {req.model!r} (this revision) is not served here",
-            "invalid_request_error",
-            "model_not_found",
-        )
-    prompt = _tokenize(backend, req)
-    if len(prompt) + req.sampling.max_tokens > backend.model.max_positions:
-        raise _Refused(
-            400,
-            f"prompt ({len(prompt)} tokens) plus max_tokens exceeds the "
-            f"context of {backend.model.max_positions}",
-            "invalid_request_error",
-            "context_length_exceeded",
-        )
-    return req, handle.namespace, handle.request_id, prompt
-
-
-def _tokenize(backend: Backend, req: GenerationRequest) -> list[int]:
-    tok = backend.tokenizer
-    if req.kind == "completion":
-        return list(tok.encode(req.prompt))  # a raw prompt is the caller's own, specials included
+        raise ModelNotFound(f"model {req.model!r} (this revision) is not served here", "model")
+    prompt = prompt_ids(backend.tokenizer, backend.specials, req, backend.model.max_positions)
+    stream_id, outputs = backend.worker.submit(
+        handle.namespace, prompt, req.sampling, () if req.ignore_eos else backend.eos
+    )
+    run = Generation(backend, req, handle.request_id, handle.namespace, prompt, outputs)
     try:
-        return chat_prompt_ids(tok, req.messages, backend.specials)
-    except (ChatTemplateError, UnsafeTemplate) as exc:
-        raise _Refused(
-            400, f"cannot render the chat: {exc}", "invalid_request_error", "bad_chat"
-        ) from None
+        return await (run.stream(request) if req.stream else run.collect())
+    finally:
+        backend.worker.abort(stream_id)  # no-op once finished; frees blocks at once on disconnect
 
 
 async def models(request: web.Request) -> web.Response:
@@ -149,29 +112,19 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def admin_flush(request: web.Request) -> web.Response:
     backend = request.app[BACKEND]
-    token = request.headers.get(HANDLE_HEADER)
-    if not token:
-        return error_response(
-            401, "a signed admin handle is required", "authentication_error", "missing_handle"
-        )
-    try:
-        admin = backend.verifier.verify_admin(token, "flush")
-    except TokenError as exc:
-        backend.metrics.refused.labels(exc.code).inc()
-        kind = "authentication_error" if exc.status == 401 else "permission_error"
-        return error_response(exc.status, str(exc), kind, exc.code)
+    admin = _checked(request, lambda token: backend.verifier.verify_admin(token, "flush"))
     namespace = admin.namespace
     dropped = await backend.worker.call(lambda engine: engine.flush(namespace))
     backend.metrics.flushes.inc(dropped)
-    log.info("flush", extra={"namespace": namespace.digest, "blocks": dropped})
-    return web.json_response({"flushed_blocks": dropped, "namespace": namespace.digest})
+    log.info("flush", extra={"namespace": namespace.label, "blocks": dropped})
+    return web.json_response({"flushed_blocks": dropped, "namespace": namespace.label})
 
 
 def create_app(backend: Backend, max_body_bytes: int = 4 * 1024 * 1024) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes)
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[answer_errors])
     app[BACKEND] = backend
 
-    async def engine_ctx(app: web.Application) -> Any:
+    async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
         backend.worker.start()
         yield
         await backend.worker.stop()

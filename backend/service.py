@@ -1,4 +1,4 @@
-"""What every backend request handler shares, built once at start-up, and the error shape.
+"""What every backend request handler shares, built once at start-up.
 
 Invariant: handlers reach the engine only through `Backend.worker`.
 """
@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiohttp import web
-
-from backend import openai_api as api
 from backend.metrics import BackendMetrics
 from backend.model.tokenizer import Tokenizer
 from backend.prompt import special_strings
@@ -44,8 +41,3 @@ class Backend:
         self.metrics = BackendMetrics()
         self.eos = tuple(tokenizer.eos_ids)
         self.specials = special_strings(tokenizer)
-
-
-def error_response(status: int, message: str, kind: str, code: str) -> web.Response:
-    body = api.error_body(message, kind, code)
-    return web.Response(status=status, body=body, content_type="application/json")

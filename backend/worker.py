@@ -19,19 +19,16 @@ from typing import Any, TypeVar
 
 from backend.engine.engine import Engine, StepOutput
 from backend.engine.plan import SamplingParams
+from backend.errors import BackendError, EngineDown
 from kvfence.capability import Namespace
 
 log = logging.getLogger("kvfence.backend.worker")
 T = TypeVar("T")
 
 
-class EngineFailed(RuntimeError):
-    """The engine thread died; every open request ends with this error."""
-
-
 @dataclass(frozen=True, slots=True)
 class _Add:
-    key: int
+    stream_id: int
     namespace: Namespace
     prompt: list[int]
     sampling: SamplingParams
@@ -40,7 +37,7 @@ class _Add:
 
 @dataclass(frozen=True, slots=True)
 class _Abort:
-    key: int
+    stream_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +56,7 @@ class EngineWorker:
         self._engine = engine
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._streams: dict[int, asyncio.Queue[StepOutput | BaseException]] = {}
-        self._keys = itertools.count(1)
+        self._stream_ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -112,21 +109,19 @@ class EngineWorker:
         sampling: SamplingParams,
         eos: tuple[int, ...],
     ) -> tuple[int, asyncio.Queue[StepOutput | BaseException]]:
+        """Queue a request; returns its stream id and the queue its outputs arrive on."""
         if self._error is not None:
-            raise EngineFailed("the engine has stopped") from self._error
-        key = next(self._keys)
+            raise EngineDown("the engine is not running") from self._error
+        stream_id = next(self._stream_ids)
         stream: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
-        self._streams[key] = stream
-        self._commands.put(_Add(key, namespace, prompt, sampling, eos))
-        return key, stream
+        self._streams[stream_id] = stream
+        self._commands.put(_Add(stream_id, namespace, prompt, sampling, eos))
+        return stream_id, stream
 
-    def abort(self, key: int) -> None:
+    def abort(self, stream_id: int) -> None:
         """Frees the request's blocks at once (on the engine thread's next turn)."""
-        if self._streams.pop(key, None) is not None:
-            self._commands.put(_Abort(key))
-
-    def done(self, key: int) -> None:
-        self._streams.pop(key, None)
+        if self._streams.pop(stream_id, None) is not None:
+            self._commands.put(_Abort(stream_id))
 
     async def call(self, fn: Callable[[Engine], Any]) -> Any:
         """Runs `fn(engine)` on the engine thread between steps (flush, stats)."""
@@ -140,20 +135,19 @@ class EngineWorker:
     def _run(self) -> None:
         engine = self._engine
         assert engine is not None
-        seq_of: dict[int, int] = {}
-        key_of: dict[int, int] = {}
+        seq_of: dict[int, int] = {}  # stream id -> engine sequence id
+        stream_of: dict[int, int] = {}  # engine sequence id -> stream id
         try:
             while True:
                 block = not engine.has_work()
-                if not self._drain(engine, block, seq_of, key_of):
+                if not self._drain(engine, block, seq_of, stream_of):
                     return
                 if engine.has_work():
                     outputs = engine.step()
-                    routed = [(key_of.get(o.seq_id, 0), o) for o in outputs]
+                    routed = [(stream_of.get(o.seq_id, 0), o) for o in outputs]
                     for o in outputs:
                         if o.finished:
-                            key = key_of.pop(o.seq_id, 0)
-                            seq_of.pop(key, None)
+                            seq_of.pop(stream_of.pop(o.seq_id, 0), None)
                     self._post(self._deliver, routed)
         except BaseException as exc:  # the thread must report any death to every waiting request
             log.exception("engine thread failed")
@@ -161,7 +155,7 @@ class EngineWorker:
             self._post(self._fail_all, exc)
 
     def _drain(
-        self, engine: Engine, block: bool, seq_of: dict[int, int], key_of: dict[int, int]
+        self, engine: Engine, block: bool, seq_of: dict[int, int], stream_of: dict[int, int]
     ) -> bool:
         while True:
             try:
@@ -172,25 +166,25 @@ class EngineWorker:
             if command is None:
                 return False
             if isinstance(command, _Add):
-                self._add(engine, command, seq_of, key_of)
+                self._add(engine, command, seq_of, stream_of)
             elif isinstance(command, _Abort):
-                seq = seq_of.pop(command.key, None)
+                seq = seq_of.pop(command.stream_id, None)
                 if seq is not None:
-                    key_of.pop(seq, None)
+                    stream_of.pop(seq, None)
                     engine.abort(seq)
             else:
                 self._call(engine, command)
 
     def _add(
-        self, engine: Engine, command: _Add, seq_of: dict[int, int], key_of: dict[int, int]
+        self, engine: Engine, command: _Add, seq_of: dict[int, int], stream_of: dict[int, int]
     ) -> None:
         try:
             seq = engine.add(command.namespace, command.prompt, command.sampling, command.eos)
-        except ValueError as exc:
-            self._post(self._deliver_error, command.key, exc)
+        except (BackendError, ValueError) as exc:
+            self._post(self._deliver_error, command.stream_id, exc)
             return
-        seq_of[command.key] = seq
-        key_of[seq] = command.key
+        seq_of[command.stream_id] = seq
+        stream_of[seq] = command.stream_id
 
     def _call(self, engine: Engine, command: _Call) -> None:
         try:
@@ -208,20 +202,20 @@ class EngineWorker:
     # event loop side
 
     def _deliver(self, routed: list[tuple[int, StepOutput]]) -> None:
-        for key, output in routed:
-            stream = self._streams.get(key)
+        for stream_id, output in routed:
+            stream = self._streams.get(stream_id)
             if stream is not None:
                 stream.put_nowait(output)
                 if output.finished:
-                    self._streams.pop(key, None)
+                    self._streams.pop(stream_id, None)
 
-    def _deliver_error(self, key: int, exc: BaseException) -> None:
-        stream = self._streams.pop(key, None)
+    def _deliver_error(self, stream_id: int, exc: BaseException) -> None:
+        stream = self._streams.pop(stream_id, None)
         if stream is not None:
             stream.put_nowait(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
-        failure = EngineFailed("the engine has stopped")
+        failure = EngineDown("the engine has stopped")
         failure.__cause__ = exc
         for stream in self._streams.values():
             stream.put_nowait(failure)

@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from gateway.adapters.base import PROXIED_PATHS
-from gateway.audit_sink import AUDIT_SINK, AuditSink, audit_sink_ctx
+from gateway.audit.sink import AUDIT_SINK, AuditSink, audit_sink_ctx
 from gateway.errors import GatewayError, NotFound, error_body
 from gateway.filters.adapter import inject
 from gateway.filters.authn import authenticate
@@ -29,10 +29,10 @@ from gateway.filters.namespace import derive
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
 from gateway.metrics import Metrics
-from gateway.policy import Policy
+from gateway.policy.model import Policy
+from gateway.policy.reload import PolicyHolder, Reloader, reload_ctx
+from gateway.policy.runtime import Runtime
 from gateway.proxy import SESSION, forward
-from gateway.reload import PolicyHolder, Reloader, reload_ctx
-from gateway.runtime import Runtime
 from gateway.state import METRICS, REQUEST_ID, ROUTE, RUNTIME, TENANT, TIMING, Timing
 from kvfence.logs import redact_headers
 

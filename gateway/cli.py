@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from gateway.app import create_app
-from gateway.policy_load import load_policy
-from gateway.policy_yaml import PolicyError
+from gateway.policy.load import load_policy
+from gateway.policy.node import PolicyError
 from gateway.preflight import problems
 from gateway.server import bound_port, start
 from kvfence.logs import configure_logging

@@ -1,10 +1,12 @@
-"""The gateway's exception tree; `error_body` is the one place errors become OpenAI-style JSON.
+"""Everything the gateway can answer with an error, as one tree; `error_body` is the one place
+an error becomes OpenAI-style JSON, and `gateway.app`'s middleware the one place it becomes HTTP.
 
 GatewayError
 ├── BadRequest (400)          ├── ClientInputRejected (400)   ├── MissingScopeValue (400)
 ├── Unauthenticated (401)     ├── Forbidden (403)             ├── NotFound (404)
 ├── RequestTimeout (408)      ├── BodyTooLarge (413)          ├── NotSupported (501)
-├── UpstreamUnavailable (502) └── UpstreamTimeout (504)
+├── UpstreamUnavailable (502) ├── AttestationRefused (502)    ├── AuditWriteFailed (502)
+├── HandleRefused (502)       └── UpstreamTimeout (504)
 """
 
 from __future__ import annotations
@@ -64,6 +66,24 @@ class NotSupported(GatewayError):
 
 class UpstreamUnavailable(GatewayError):
     status, type, code = 502, "server_error", "upstream_unavailable"
+
+
+class AttestationRefused(GatewayError):
+    """The answer was withheld: its attestation verdict is not clean (`audit: enforce`)."""
+
+    status, type, code = 502, "server_error", "attestation_refused"
+
+
+class AuditWriteFailed(GatewayError):
+    """The answer's audit record could not be written, so the answer fails closed."""
+
+    status, type, code = 502, "server_error", "audit_write_failed"
+
+
+class HandleRefused(GatewayError):
+    """Our backend refused the gateway's own handle: a key or audience misconfiguration."""
+
+    status, type, code = 502, "server_error", "upstream_refused_handle"
 
 
 class UpstreamTimeout(GatewayError):

@@ -34,7 +34,9 @@ class Metrics:
         self.added = Histogram(
             p + "added_seconds", "Time the gateway itself adds", buckets=_FAST, registry=r
         )
-        self.salts = Counter(p + "salts_injected", "Namespaces injected", ["backend"], registry=r)
+        self.namespaces_injected = Counter(
+            p + "namespaces_injected", "Namespaces injected", ["backend"], registry=r
+        )
         self.client_inputs = Counter(
             p + "client_inputs",
             "Client cache-scoping inputs found",

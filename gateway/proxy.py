@@ -1,9 +1,8 @@
-"""The terminal step: send the scoped request upstream, judge the answer, relay it.
+"""The terminal step: send the scoped request upstream and relay a plain answer; streams go to
+`stream_relay`. Both move bytes and settle once (`gateway.audit.settle`).
 
-Invariant: no byte of an answer reaches the client before its verdict is known, and the audit
-record is written before the answer completes; a stream that fails after it started ends with an
-SSE error event and a closed connection, never with `[DONE]`, so a truncated answer cannot look
-complete.
+Invariant: no byte of an answer reaches the client before its verdict is known, and every
+request that reached this step is settled once, failures included.
 """
 
 from __future__ import annotations
@@ -11,36 +10,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway.audit import VERDICT_HEADER, AuditContext, HandleRefused, Outcome, Verdict
-from gateway.audit_request import audit, context, local_answer, refusal
-from gateway.errors import UpstreamTimeout, UpstreamUnavailable
-from gateway.policy import Timeouts
-from gateway.sse import cached_tokens, prompt_tokens
+from gateway.audit.judge import UNATTESTED, Answer, AuditContext, judge
+from gateway.audit.settle import VERDICT_HEADER, audit_context, settle
+from gateway.errors import GatewayError, HandleRefused, UpstreamTimeout, UpstreamUnavailable
+from gateway.sse import usage_of
 from gateway.state import BODY, REQUEST_ID, ROUTE, RUNTIME, TIMING, UPSTREAM_HEADERS
 from gateway.stream_relay import SSE, read_chunk, relay_stream
-from kvfence.handle import ATTESTATION_HEADER
+from kvfence.attestation import ATTESTATION_HEADER
 
 SESSION = web.AppKey("kvfence_upstream_session", aiohttp.ClientSession)
 log = logging.getLogger("kvfence.gateway.proxy")
 
 
-async def _open(request: web.Request, timeouts: Timeouts) -> aiohttp.ClientResponse:
-    route = request[ROUTE]
+async def _open(request: web.Request) -> aiohttp.ClientResponse:
+    route, runtime = request[ROUTE], request[RUNTIME]
     data = orjson.dumps(request[BODY])
     request[TIMING].upstream_sent = time.perf_counter()
     try:
-        async with asyncio.timeout(timeouts.first_byte_s):
+        async with asyncio.timeout(runtime.policy.gateway.timeouts.first_byte_s):
             return await request.app[SESSION].post(
                 route.backend.url + request.path,
                 data=data,
                 headers=request[UPSTREAM_HEADERS],
-                timeout=request[RUNTIME].upstream_timeout,
+                timeout=runtime.upstream_timeout,
             )
     except TimeoutError:
         raise UpstreamTimeout(f"backend {route.backend.name} did not answer in time") from None
@@ -48,20 +45,7 @@ async def _open(request: web.Request, timeouts: Timeouts) -> aiohttp.ClientRespo
         raise UpstreamUnavailable(f"backend {route.backend.name} is unavailable") from None
 
 
-def _usage_of(body: bytes) -> tuple[int | None, int | None]:
-    if b'"usage"' not in body:
-        return None, None
-    try:
-        usage: Any = orjson.loads(body).get("usage")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None, None
-    return prompt_tokens(usage), cached_tokens(usage)
-
-
-async def _relay_body(
-    request: web.Request, upstream: aiohttp.ClientResponse, ctx: AuditContext
-) -> web.Response:
-    idle_s = request[RUNTIME].policy.gateway.timeouts.idle_s
+async def _read_all(upstream: aiohttp.ClientResponse, idle_s: float) -> bytes:
     parts: list[bytes] = []
     try:
         while chunk := await read_chunk(upstream, idle_s):
@@ -70,40 +54,53 @@ async def _relay_body(
         raise UpstreamTimeout("backend stalled while answering") from None
     except aiohttp.ClientError:
         raise UpstreamUnavailable("backend failed while answering") from None
-    body = b"".join(parts)
-    ok = upstream.status == 200
-    # Error answers carry no generated text, so there is nothing to attest.
-    outcome = (
-        ctx.judge(upstream.headers.get(ATTESTATION_HEADER)) if ok else Outcome(Verdict.UNATTESTED)
-    )
-    status = 502 if outcome.blocked else upstream.status
-    await audit(request, ctx, outcome, status, _usage_of(body) if ok else (None, None))
+    return b"".join(parts)
+
+
+async def _relay_body(
+    request: web.Request, upstream: aiohttp.ClientResponse, ctx: AuditContext, answer: Answer
+) -> web.Response:
+    body = await _read_all(upstream, request[RUNTIME].policy.gateway.timeouts.idle_s)
+    answer.attestations = list(upstream.headers.getall(ATTESTATION_HEADER, ()))
+    if upstream.status == 200:
+        answer.prompt_tokens, answer.cached_tokens = usage_of(body)
+    judgement = judge(ctx, answer)
+    withheld = await settle(request, ctx, answer, judgement)
     request[TIMING].client_headers = time.perf_counter()
-    if outcome.blocked:
-        return local_answer(request, refusal(outcome), outcome.verdict)
+    if withheld is not None:
+        return withheld
     return web.Response(
         body=body,
         status=upstream.status,
         headers={
             "content-type": upstream.content_type,
             "x-request-id": request[REQUEST_ID],
-            VERDICT_HEADER: outcome.verdict.value,
+            VERDICT_HEADER: judgement.verdict.value,
         },
     )
 
 
-async def forward(request: web.Request) -> web.StreamResponse:
-    ctx = context(request)
-    upstream = await _open(request, request[RUNTIME].policy.gateway.timeouts)
+async def _exchange(request: web.Request, ctx: AuditContext, answer: Answer) -> web.StreamResponse:
+    upstream = await _open(request)
     request[TIMING].upstream_headers = time.perf_counter()
+    answer.status = upstream.status
     try:
         if ctx.attested and upstream.status in (401, 403):
-            # The backend refused the gateway's own handle: a key or audience misconfiguration.
-            log.error("backend refused the handle", extra={"rid": request[REQUEST_ID]})
-            await audit(request, ctx, Outcome(Verdict.UNATTESTED), 502, (None, None))
+            log.error("backend refused the handle", extra={"rid": ctx.request_id})
             raise HandleRefused(f"backend {ctx.backend.name} refused the gateway's handle")
         if upstream.status == 200 and upstream.content_type == SSE:
-            return await relay_stream(request, upstream, ctx)
-        return await _relay_body(request, upstream, ctx)
+            return await relay_stream(request, upstream, ctx, answer)
+        return await _relay_body(request, upstream, ctx, answer)
     finally:
         upstream.release()
+
+
+async def forward(request: web.Request) -> web.StreamResponse:
+    ctx, answer = audit_context(request), Answer()
+    try:
+        return await _exchange(request, ctx, answer)
+    except GatewayError as exc:
+        if not answer.settled:
+            # Failed before an answer was settled: the record says how, then the client hears it.
+            await settle(request, ctx, answer, UNATTESTED, status=exc.status, reason=exc.code)
+        raise

@@ -1,7 +1,8 @@
-"""Incremental server-sent-event scanning: reads usage from events, optionally drops the
-usage-only chat/completions event a client did not ask for.
+"""Server-sent-event scanning: the attestation event at a stream's head, and usage read from
+events as they pass (dropping the usage-only chat/completions event a client did not ask for).
 
-Invariant: output bytes are the input bytes minus whole dropped events, in order.
+Invariant: output bytes are the input bytes minus whole dropped events, in order; the
+attestation field never reaches the client.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from typing import Any
 
 import orjson
 
+from kvfence.attestation import ATTESTATION_EVENT, ATTESTATION_FIELD
+
 _USAGE = b'"usage"'
+_EVENT_LINE = b"event: " + ATTESTATION_EVENT.encode()
 
 
 def prompt_tokens(usage: Any) -> int | None:
@@ -30,6 +34,31 @@ def first_event(buf: bytes) -> tuple[bytes, bytes] | None:
         return None
     index, width = min(ends)
     return buf[:index], buf[index + width :]
+
+
+def split_attestation_event(event: bytes) -> tuple[str | None, bytes]:
+    """From the stream's first event: the attestation token (None when the event is not the
+    attestation event) and the bytes to send the client instead: the same chunk without the
+    attestation field and without the event name."""
+    lines = event.splitlines()
+    named = any(line.rstrip() == _EVENT_LINE for line in lines)
+    data = _data(event)
+    if not isinstance(data, dict) or ATTESTATION_FIELD not in data:
+        return None, event + b"\n\n"
+    token = data.pop(ATTESTATION_FIELD)
+    clean = b"data: " + orjson.dumps(data) + b"\n\n"
+    return (token if named and isinstance(token, str) else None), clean
+
+
+def usage_of(body: bytes) -> tuple[int | None, int | None]:
+    """(prompt_tokens, cached_tokens) of a plain JSON answer, where reported."""
+    if _USAGE not in body:
+        return None, None
+    try:
+        usage: Any = orjson.loads(body).get("usage")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None, None
+    return prompt_tokens(usage), cached_tokens(usage)
 
 
 def cached_tokens(usage: Any) -> int | None:

@@ -11,8 +11,8 @@ from typing import Any
 from aiohttp import web
 
 from gateway.metrics import Metrics
-from gateway.policy import Tenant
-from gateway.runtime import Route, Runtime
+from gateway.policy.model import Tenant
+from gateway.policy.runtime import Route, Runtime
 
 
 @dataclass(slots=True)
@@ -31,6 +31,10 @@ TIMING = web.RequestKey("kvfence_timing", Timing)  # app middleware
 TENANT = web.RequestKey("kvfence_tenant", Tenant)  # filters.authn
 BODY: web.RequestKey[dict[str, Any]] = web.RequestKey("kvfence_body", dict)  # filters.body
 ROUTE = web.RequestKey("kvfence_route", Route)  # filters.route
+# A session-scoped tenant's session id from the body; set only when sent.
+PROMPT_CACHE_KEY: web.RequestKey[object] = web.RequestKey(
+    "kvfence_prompt_cache_key", object
+)  # filters.scrub
 NAMESPACE = web.RequestKey("kvfence_namespace", str)  # filters.namespace
 UPSTREAM_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey(
     "kvfence_upstream_headers", dict

@@ -1,5 +1,5 @@
 """Relaying a streamed answer: the attestation event is judged and rewritten before anything
-is sent, events pass on as they complete, and `[DONE]` waits for the audit record.
+is sent, events pass on as they complete, and `[DONE]` waits for the answer to be settled.
 
 Invariant: the client never sees the attestation, never sees a token of a withheld stream, and
 never sees `[DONE]` unless the stream completed and its audit record was written.
@@ -16,17 +16,16 @@ from typing import Final
 import aiohttp
 from aiohttp import web
 
-from gateway.audit import (
-    VERDICT_HEADER,
-    AuditContext,
+from gateway.audit.judge import Answer, AuditContext, Judgement, judge
+from gateway.audit.settle import VERDICT_HEADER, settle
+from gateway.errors import (
     AuditWriteFailed,
-    Outcome,
-    Verdict,
-    split_attestation_event,
+    GatewayError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    error_body,
 )
-from gateway.audit_request import audit, local_answer, refusal
-from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable, error_body
-from gateway.sse import UsageScanner, first_event
+from gateway.sse import UsageScanner, first_event, split_attestation_event
 from gateway.state import DROP_USAGE, REQUEST_ID, RUNTIME, TIMING
 
 log = logging.getLogger("kvfence.gateway.proxy")
@@ -69,31 +68,33 @@ async def _first_event(
 
 
 async def relay_stream(
-    request: web.Request, upstream: aiohttp.ClientResponse, ctx: AuditContext
+    request: web.Request, upstream: aiohttp.ClientResponse, ctx: AuditContext, answer: Answer
 ) -> web.StreamResponse:
     idle_s = request[RUNTIME].policy.gateway.timeouts.idle_s
-    head, pending, outcome = b"", b"", Outcome(Verdict.UNATTESTED)
+    head, pending = b"", b""
     if ctx.attested:
         event, pending = await _first_event(upstream, idle_s)
         token, head = split_attestation_event(event) if event is not None else (None, b"")
-        outcome = ctx.judge(token)
-        if outcome.blocked:
-            await audit(request, ctx, outcome, 502, (None, None))
-            return local_answer(request, refusal(outcome), outcome.verdict)
+        answer.attestations.append(token)
+    judgement = judge(ctx, answer)
+    if judgement.blocked:
+        withheld = await settle(request, ctx, answer, judgement)
+        assert withheld is not None
+        return withheld
     resp = web.StreamResponse(
         status=upstream.status,
         headers={
             "content-type": SSE,
             "cache-control": "no-cache",
             "x-request-id": request[REQUEST_ID],
-            VERDICT_HEADER: outcome.verdict.value,
+            VERDICT_HEADER: judgement.verdict.value,
         },
     )
     await resp.prepare(request)
     request[TIMING].client_headers = time.perf_counter()
     if head:
         await resp.write(head)
-    await _pump(request, upstream, resp, ctx, outcome, pending)
+    await _pump(request, upstream, resp, ctx, answer, judgement, pending)
     return resp
 
 
@@ -102,10 +103,11 @@ async def _pump(
     upstream: aiohttp.ClientResponse,
     resp: web.StreamResponse,
     ctx: AuditContext,
-    outcome: Outcome,
+    answer: Answer,
+    judgement: Judgement,
     pending: bytes,
 ) -> None:
-    """Relay events as they complete; hold `[DONE]` back until the audit record is written."""
+    """Relay events as they complete; hold `[DONE]` back until the answer is settled."""
     scanner = UsageScanner(drop_usage=request[DROP_USAGE])
     idle_s = request[RUNTIME].policy.gateway.timeouts.idle_s
     held = b""
@@ -123,21 +125,27 @@ async def _pump(
             try:
                 chunk = await read_chunk(upstream, idle_s)
             except (TimeoutError, aiohttp.ClientError) as exc:
-                await _fail_stream(request, resp, _cut_error(exc), ctx, outcome, scanner)
+                answer.prompt_tokens = scanner.prompt_tokens
+                await _fail(request, resp, ctx, answer, judgement, _cut_error(exc))
                 return
             if not chunk:
                 break
     except (asyncio.CancelledError, ConnectionResetError):
         # The client went away mid-stream: the response still gets its record.
-        log.info("client closed the stream", extra={"rid": request[REQUEST_ID]})
+        log.info("client closed the stream", extra={"rid": ctx.request_id})
+        answer.prompt_tokens, answer.cached_tokens = scanner.prompt_tokens, scanner.cached_tokens
         with contextlib.suppress(AuditWriteFailed):
-            await asyncio.shield(audit(request, ctx, outcome, CLIENT_CLOSED, (None, None)))
+            await asyncio.shield(
+                settle(
+                    request, ctx, answer, judgement, status=CLIENT_CLOSED, reason="client_closed"
+                )
+            )
         raise
-    usage = (scanner.prompt_tokens, scanner.cached_tokens)
+    answer.prompt_tokens, answer.cached_tokens = scanner.prompt_tokens, scanner.cached_tokens
     try:
-        await audit(request, ctx, outcome, resp.status, usage)
+        await settle(request, ctx, answer, judgement)
     except AuditWriteFailed as exc:
-        await _end_with_error(request, resp, exc)
+        await _end_with_error(resp, exc)
         return
     rest = held + scanner.tail()
     if rest:
@@ -151,23 +159,21 @@ def _cut_error(exc: BaseException) -> GatewayError:
     return UpstreamUnavailable("backend failed mid-stream")
 
 
-async def _fail_stream(
+async def _fail(
     request: web.Request,
     resp: web.StreamResponse,
-    error: GatewayError,
     ctx: AuditContext,
-    outcome: Outcome,
-    scanner: UsageScanner,
+    answer: Answer,
+    judgement: Judgement,
+    error: GatewayError,
 ) -> None:
-    log.warning("stream cut", extra={"rid": request[REQUEST_ID], "error": error.code})
+    log.warning("stream cut", extra={"rid": ctx.request_id, "error": error.code})
     with contextlib.suppress(AuditWriteFailed):  # logged and counted; the stream fails anyway
-        await audit(request, ctx, outcome, error.status, (scanner.prompt_tokens, None))
-    await _end_with_error(request, resp, error)
+        await settle(request, ctx, answer, judgement, status=error.status, reason=error.code)
+    await _end_with_error(resp, error)
 
 
-async def _end_with_error(
-    request: web.Request, resp: web.StreamResponse, error: GatewayError
-) -> None:
+async def _end_with_error(resp: web.StreamResponse, error: GatewayError) -> None:
     resp.force_close()
     await resp.write(b"\n\nevent: error\ndata: " + error_body(error) + b"\n\n")
     await resp.write_eof()

@@ -10,15 +10,19 @@ import hashlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Final
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from kvfence.handle import Clock, TokenError, claim, open_token, sign_token
 from kvfence.keyfile import TrustStore, check_key_id
+from kvfence.token import Clock, TokenError, claim, open_token, sign_token
+from kvfence.verdict import Verdict
 
 ATTESTATION_PREFIX: Final = "kva1"
+ATTESTATION_HEADER: Final = "x-kvfence-attestation"
+ATTESTATION_EVENT: Final = "kvfence-attestation"
+# The JSON field of that event's data (a valid first chunk) that holds the attestation.
+ATTESTATION_FIELD: Final = "kvfence_attestation"
 
 
 class AttestationError(TokenError):
@@ -26,12 +30,6 @@ class AttestationError(TokenError):
     comes from another backend. The gateway answers 502 (the upstream misbehaved)."""
 
     status = 502
-
-
-class Verdict(StrEnum):
-    CLEAN = "clean"  # signed, for this request, only the request's namespace
-    VIOLATION = "violation"  # a block from another namespace was used
-    MISMATCH = "mismatch"  # signed, but for another request id or namespace
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +42,7 @@ class Attestation:
     cached_tokens: int
     block_namespaces: frozenset[str]
     issued_at: float
-    token_digest: str  # sha256 hex of the token text
-
-    def digest(self) -> str:
-        return self.token_digest
+    digest: str  # sha256 hex of the token text
 
 
 class AttestationSigner:
@@ -121,7 +116,7 @@ class AttestationVerifier:
             cached_tokens=claim(claims, "ct", int, AttestationError),
             block_namespaces=frozenset(names),
             issued_at=float(claim(claims, "iat", (int, float), AttestationError)),
-            token_digest=hashlib.sha256(token.encode("ascii")).hexdigest(),
+            digest=hashlib.sha256(token.encode("ascii")).hexdigest(),
         )
 
 

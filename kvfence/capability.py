@@ -7,8 +7,9 @@ public constructor from a string, header or body field.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Final, final
+
+from kvfence.namespace import namespace_label
 
 _MINT: Final = object()
 
@@ -17,16 +18,16 @@ _MINT: Final = object()
 class Namespace:
     """A verified cache namespace. Compare and hash by value; never construct directly."""
 
-    __slots__ = ("_value", "digest")
+    __slots__ = ("_value", "label")
 
     _value: str
-    digest: str  # short, non-reversible label for logs and metrics
+    label: str  # `namespace_label(value)`: the only form logs, metrics and records carry
 
     def __init__(self, value: str, *, _token: object = None) -> None:
         if _token is not _MINT:
             raise TypeError("a Namespace comes only from a verified handle")
         object.__setattr__(self, "_value", value)
-        object.__setattr__(self, "digest", hashlib.sha256(value.encode()).hexdigest()[:12])
+        object.__setattr__(self, "label", namespace_label(value))
 
     @property
     def value(self) -> str:
@@ -42,7 +43,7 @@ class Namespace:
         return hash(("kvfence.Namespace", self._value))
 
     def __repr__(self) -> str:
-        return f"Namespace(#{self.digest})"
+        return f"Namespace(#{self.label})"
 
 
 def _mint(value: str) -> Namespace:

@@ -13,11 +13,11 @@ from typing import Protocol, cast
 # `configure(parser: argparse.ArgumentParser) -> None` and `main(args: argparse.Namespace) -> int`.
 COMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("gateway.cli", "run the gateway in front of the backends a policy names"),
-    "policy": ("gateway.policy_cli", "check a policy file"),
+    "policy": ("gateway.policy.cli", "check a policy file"),
     "keys": ("kvfence.keys_cli", "mint a tenant API key and print its policy digest"),
     "keygen": ("kvfence.keygen_cli", "create an Ed25519 key pair for handles or attestations"),
     "backend": ("backend.cli", "run the kvfence inference backend"),
-    "audit": ("gateway.audit_cli", "verify a tamper-evident audit log"),
+    "audit": ("gateway.audit.cli", "verify a tamper-evident audit log"),
 }
 
 

@@ -1,5 +1,5 @@
-"""Signed handles: the Ed25519 tokens that carry a namespace from the gateway to the backend,
-plus the signed-token core that attestations share (docs/protocol.md has the format).
+"""Signed handles: the Ed25519 tokens that carry a namespace from the gateway to the backend
+(docs/protocol.md has the format; the token core is `kvfence.token`).
 
 Invariant: `HandleVerifier` is the only production code that mints a `Namespace`, and only after
 the signature, key id, lifetime, audience, scope, model and replay checks have all passed.
@@ -10,37 +10,17 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-import orjson
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from kvfence.capability import Namespace, _mint
-from kvfence.keyfile import TrustStore, b64url, b64url_decode, check_key_id
+from kvfence.keyfile import TrustStore, check_key_id
+from kvfence.token import Clock, TokenError, claim, open_token, sign_token
 
 HANDLE_HEADER: Final = "x-kvfence-handle"
-ATTESTATION_HEADER: Final = "x-kvfence-attestation"
-ATTESTATION_EVENT: Final = "kvfence-attestation"
-# The JSON field of that event's data (a valid first chunk) that holds the attestation.
-ATTESTATION_FIELD: Final = "kvfence_attestation"
 HANDLE_PREFIX: Final = "kvh1"
-MAX_TOKEN_CHARS: Final = 8192
-
-Clock = Callable[[], float]
-
-
-class TokenError(Exception):
-    """Base of every handle and attestation failure. `.code` is a short machine code for logs
-    and error bodies; `.status` the HTTP status the server answers with."""
-
-    status: int = 401
-
-    def __init__(self, code: str, detail: str = "") -> None:
-        super().__init__(f"{code}: {detail}" if detail else code)
-        self.code = code
 
 
 class HandleError(TokenError):
@@ -61,53 +41,6 @@ class HandleUnavailable(HandleError):
     status = 503
 
 
-def sign_token(prefix: str, claims: dict[str, Any], key: Ed25519PrivateKey) -> str:
-    """`prefix.b64url(payload).b64url(signature)`; the signature covers `prefix.b64url(payload)`
-    (so the version and, inside the payload, the key id)."""
-    payload = orjson.dumps(claims, option=orjson.OPT_SORT_KEYS)
-    signed = f"{prefix}.{b64url(payload)}"
-    return f"{signed}.{b64url(key.sign(signed.encode('ascii')))}"
-
-
-def open_token(
-    prefix: str, token: str | None, trust: TrustStore, error: type[TokenError]
-) -> dict[str, Any]:
-    """Check format, key id and signature; return the signed claims (not yet validated)."""
-    if not token:
-        raise error("missing", "no token")
-    if len(token) > MAX_TOKEN_CHARS or not token.isascii():
-        raise error("malformed", "token too long or not ASCII")
-    parts = token.split(".")
-    if len(parts) != 3 or parts[0] != prefix:
-        raise error("malformed", f"expected {prefix}.<payload>.<signature>")
-    try:
-        payload = b64url_decode(parts[1])
-        signature = b64url_decode(parts[2])
-        claims = orjson.loads(payload)
-    except (ValueError, orjson.JSONDecodeError) as exc:
-        raise error("malformed", "bad base64url or JSON") from exc
-    if not isinstance(claims, dict) or not isinstance(claims.get("kid"), str):
-        raise error("malformed", "payload is not an object with a key id")
-    key = trust.get(claims["kid"])
-    if key is None:
-        raise error("unknown_key", "key id not trusted")
-    try:
-        key.verify(signature, f"{parts[0]}.{parts[1]}".encode("ascii"))
-    except InvalidSignature as exc:
-        raise error("bad_signature", "signature does not verify") from exc
-    return claims
-
-
-def claim(
-    claims: dict[str, Any], name: str, kind: type | tuple[type, ...], error: type[TokenError]
-) -> Any:
-    value = claims.get(name)
-    # bool is an int subclass; no claim is ever a bool.
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise error("malformed", f"claim {name!r} missing or of the wrong type")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class VerifiedHandle:
     namespace: Namespace
@@ -117,6 +50,11 @@ class VerifiedHandle:
     issued_at: float
     expires_at: float
     key_id: str
+
+    def check_model(self, model: str) -> None:
+        """The request body must ask for the model the handle names (checked once parsed)."""
+        if model != self.model:
+            raise HandleForbidden("wrong_model", "handle is for another model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,10 +178,11 @@ class HandleVerifier:
             raise HandleForbidden("wrong_scope", f"not a {typ} handle")
         return claims, iat, exp
 
-    def verify(self, token: str | None, model: str) -> VerifiedHandle:
+    def verify(self, token: str | None) -> VerifiedHandle:
+        """A request handle, checked before anything else of the request is read; the model
+        it names is compared with the body's afterwards (`VerifiedHandle.check_model`)."""
         claims, iat, exp = self._open(token, "handle")
-        if claim(claims, "model", str, HandleError) != model:
-            raise HandleForbidden("wrong_model", "handle is for another model")
+        model = claim(claims, "model", str, HandleError)
         revision = claim(claims, "rev", str, HandleError)
         self._replay.admit((claims["kid"], claims["rid"]), exp + self._skew, self._clock())
         return VerifiedHandle(

@@ -134,16 +134,6 @@ class TrustStore(Mapping[str, Ed25519PublicKey]):
     def from_file(cls, path: Path) -> TrustStore:
         return cls(_parse_entries(path, _read_document(path)))
 
-    @classmethod
-    def from_files(cls, paths: list[Path]) -> TrustStore:
-        merged: dict[str, Ed25519PublicKey] = {}
-        for path in paths:
-            for key_id, key in cls.from_file(path).items():
-                if key_id in merged and public_key_text(merged[key_id]) != public_key_text(key):
-                    raise KeyFileError(f"{path}: key id {key_id!r} conflicts with another file")
-                merged[key_id] = key
-        return cls(merged)
-
 
 def _read_document(path: Path) -> Any:
     try:

@@ -60,6 +60,13 @@ def format_salt(key_id: str, digest: bytes) -> str:
     return salt
 
 
+def namespace_label(namespace: str) -> str:
+    """The one non-reversible label of a namespace in logs, metrics and audit records (the
+    namespace itself is never written anywhere): 32 hex characters of its SHA-256, so a
+    backend metric and a gateway audit record of the same namespace carry the same label."""
+    return hashlib.sha256(namespace.encode("utf-8")).hexdigest()[:32]
+
+
 def derive_namespace(
     key: NamespaceKey, tenant: str, scope: str, scope_value: str, model: str, revision: str
 ) -> str:

@@ -61,7 +61,8 @@ class BlockPool:
         self._used = 0
         self._zero: list[int] = []
 
-    def capacity(self, namespace: Namespace) -> int:
+    @property
+    def namespace_limit(self) -> int:
         """The most blocks one namespace may hold at once."""
         return self._limit
 
@@ -95,7 +96,7 @@ class BlockPool:
         """n fresh blocks for namespace, each with one reference; all or nothing."""
         over = self._held.get(namespace, 0) + n - self._limit
         if over > self._index.idle_count(namespace):
-            raise QuotaExceededError(f"namespace #{namespace.digest} is at its block quota")
+            raise QuotaExceededError(f"namespace #{namespace.label} is at its block quota")
         if n > len(self._free) + self._index.idle_count():
             raise OutOfBlocksError("no free blocks")
         for _ in range(max(0, over)):
@@ -161,7 +162,7 @@ class BlockPool:
         block = self._blocks[block_id]
         count = block.readers.get(reader, 0)
         if count == 0:
-            raise ValueError(f"block {block_id} holds no reference from #{reader.digest}")
+            raise ValueError(f"block {block_id} holds no reference from #{reader.label}")
         if count == 1:
             del block.readers[reader]
         else:
@@ -203,13 +204,6 @@ class BlockPool:
                 block.hash = None
                 block.tokens = ()
         return len(dropped)
-
-    def foreign_cached_block(self, namespace: Namespace) -> int | None:
-        """Some cached block filled by a namespace other than this one (fault injection only)."""
-        for other in self._index.namespaces():
-            if other != namespace:
-                return min(self._index.cached_blocks(other))
-        return None
 
     def check_integrity(self) -> None:
         """Raise IntegrityError unless every invariant of the pool holds (O(num_blocks))."""

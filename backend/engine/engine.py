@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from backend.engine.block_pool import BlockPool
 from backend.engine.plan import Runner, SamplingParams
-from backend.engine.scheduler import PromptTooLongError, Scheduler
+from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
 from kvfence.capability import Namespace
 
@@ -22,7 +22,6 @@ __all__ = [
     "EngineConfig",
     "EngineStats",
     "FinishReason",
-    "PromptTooLongError",
     "StepOutput",
 ]
 
@@ -35,8 +34,6 @@ class EngineConfig:
     max_step_tokens: int = 512
     namespace_quota: float = 1.0  # the largest share of the pool one namespace may hold
     zero_on_reuse: bool = True  # zero a block before another namespace writes it
-    # TEST-ONLY fault injection: map a foreign namespace's cached block into new requests.
-    fault_foreign_block: bool = False
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1 or self.block_size < 1:
@@ -68,7 +65,7 @@ class EngineStats:
     hit_tokens: int  # of which served from the prefix cache
     waiting: int  # queue depth
     running: int
-    namespace_blocks: Mapping[str, int]  # keyed by namespace digest
+    namespace_blocks: Mapping[str, int]  # keyed by namespace label (`namespace_label`)
 
 
 class Engine:
@@ -91,7 +88,6 @@ class Engine:
             self._pool,
             max_num_seqs=config.max_num_seqs,
             max_step_tokens=config.max_step_tokens,
-            fault_foreign_block=config.fault_foreign_block,
         )
         self._ids = itertools.count(1)
         self._prompt_tokens = 0
@@ -108,7 +104,7 @@ class Engine:
         sampling: SamplingParams,
         eos_token_ids: Iterable[int] = (),
     ) -> int:
-        """Queue a request; raises PromptTooLongError if it can never fit, ValueError if empty."""
+        """Queue a request; ContextLengthExceeded if it can never fit, ValueError if empty."""
         if not isinstance(namespace, Namespace):
             raise TypeError("the engine accepts only a verified Namespace")
         if not prompt_token_ids:
@@ -180,5 +176,5 @@ class Engine:
             hit_tokens=self._hit_tokens,
             waiting=self._scheduler.num_waiting,
             running=self._scheduler.num_running,
-            namespace_blocks={ns.digest: n for ns, n in pool.held().items()},
+            namespace_blocks={ns.label: n for ns, n in pool.held().items()},
         )

@@ -14,10 +14,7 @@ from collections import deque
 from backend.engine.block_pool import AllocationError, BlockPool, QuotaExceededError
 from backend.engine.plan import Chunk, StepPlan
 from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
-
-
-class PromptTooLongError(ValueError):
-    """The prompt needs more blocks than its namespace may ever hold."""
+from backend.errors import ContextLengthExceeded
 
 
 class Scheduler:
@@ -29,12 +26,10 @@ class Scheduler:
         *,
         max_num_seqs: int,
         max_step_tokens: int,
-        fault_foreign_block: bool = False,
     ) -> None:
         self.pool = pool
         self.max_num_seqs = max_num_seqs
         self.max_step_tokens = max_step_tokens
-        self._fault_foreign_block = fault_foreign_block
         self._bs = pool.block_size
         self._seqs: dict[int, Sequence] = {}
         self._waiting: deque[Sequence] = deque()
@@ -51,12 +46,9 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
 
-    def get(self, seq_id: int) -> Sequence | None:
-        return self._seqs.get(seq_id)
-
     def add(self, seq: Sequence) -> None:
-        if -(-seq.num_tokens // self._bs) > self.pool.capacity(seq.namespace):
-            raise PromptTooLongError(
+        if -(-seq.num_tokens // self._bs) > self.pool.namespace_limit:
+            raise ContextLengthExceeded(
                 f"prompt of {seq.num_tokens} tokens exceeds the namespace's KV capacity"
             )
         seq.hash_full_blocks(self._bs)
@@ -162,8 +154,6 @@ class Scheduler:
             if block_id is None:
                 break
             self._map_cached(seq, block_id)
-        if self._fault_foreign_block and not seq.admitted and limit > 0:
-            self._inject_foreign_block(seq)
         seq.num_computed = len(seq.block_table) * self._bs
         seq.num_indexed_blocks = len(seq.block_table)
 
@@ -171,17 +161,6 @@ class Scheduler:
         self.pool.acquire(block_id, seq.namespace)
         seq.block_table.append(block_id)
         seq.block_namespaces.add(self.pool.owner(block_id))
-
-    def _inject_foreign_block(self, seq: Sequence) -> None:
-        """TEST-ONLY fault: map another namespace's cached block as if it were a prefix hit."""
-        foreign = self.pool.foreign_cached_block(seq.namespace)
-        if foreign is None:
-            return
-        if seq.block_table:
-            self.pool.release(seq.block_table.pop(0), seq.namespace)
-        self.pool.acquire(foreign, seq.namespace)
-        seq.block_table.insert(0, foreign)
-        seq.block_namespaces.add(self.pool.owner(foreign))
 
     def update(self, plan: StepPlan, sampled: dict[int, int]) -> list[tuple[Sequence, int]]:
         """Apply a step's results: advance, index newly full blocks, append and stop-check."""
@@ -215,7 +194,7 @@ class Scheduler:
             return "stop"
         if seq.num_generated >= seq.sampling.max_tokens:
             return "length"
-        if seq.num_tokens > self.pool.capacity(seq.namespace) * self._bs:
+        if seq.num_tokens > self.pool.namespace_limit * self._bs:
             return "length"  # the next token could not be stored
         return None
 

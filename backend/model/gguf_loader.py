@@ -115,9 +115,11 @@ def read_tensors(g: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
 
 
 def read_tokenizer(g: GGUFFile, config: ModelConfig) -> Tokenizer:
-    kind = g.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ModelLoadError(f"{g.path}: unsupported tokenizer model {kind!r} (supported: gpt2)")
+    tokenizer_model = g.get("tokenizer.ggml.model")
+    if tokenizer_model != "gpt2":
+        raise ModelLoadError(
+            f"{g.path}: unsupported tokenizer model {tokenizer_model!r} (supported: gpt2)"
+        )
     return Tokenizer.from_gguf_vocab(
         tokens=g.require("tokenizer.ggml.tokens"),
         merges=g.require("tokenizer.ggml.merges"),

@@ -57,7 +57,7 @@ def load_model(spec: str, device: str = "auto", dtype: str | None = None) -> Loa
     source = resolve_model(spec)
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
-    if source.kind == "gguf":
+    if source.format == "gguf":
         g = gguf_loader.GGUFFile(source.path)
         config = gguf_loader.read_config(g)
         tokenizer = gguf_loader.read_tokenizer(g, config)

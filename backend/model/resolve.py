@@ -18,7 +18,7 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 @dataclass(frozen=True, slots=True)
 class ModelSource:
-    kind: Literal["gguf", "hf"]
+    format: Literal["gguf", "hf"]
     path: Path
     name: str
 

@@ -66,8 +66,8 @@ class Tokenizer:
         inner.decoder = decoders.ByteLevel()
         special = [
             AddedToken(tokens[i], special=True, normalized=False)
-            for i, kind in enumerate(token_types)
-            if kind in (_CONTROL, _USER_DEFINED)
+            for i, token_type in enumerate(token_types)
+            if token_type in (_CONTROL, _USER_DEFINED)
         ]
         inner.add_special_tokens(special)
         return cls(inner, bos_id, eos_ids, chat_template)

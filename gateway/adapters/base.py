@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Final
 
-from gateway.policy import Backend
+from gateway.policy.model import Backend
 
 CHAT: Final = "/v1/chat/completions"
 COMPLETIONS: Final = "/v1/completions"

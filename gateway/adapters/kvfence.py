@@ -12,7 +12,7 @@ from typing import Any
 
 from gateway.adapters.base import CHAT, COMPLETIONS, Adapter
 from gateway.errors import NotSupported
-from gateway.policy import Backend
+from gateway.policy.model import Backend
 from kvfence.handle import HANDLE_HEADER, HandleSigner
 
 UPSTREAM_ID_HEADER = "x-request-id"

@@ -29,7 +29,7 @@ async def inject(request: web.Request) -> None:
     route.adapter.inject(request.path, body, headers, request[NAMESPACE])
     if route.adapter.scoped:
         metrics = request.app[METRICS]
-        metrics.child(metrics.salts, route.backend.name).inc()
+        metrics.child(metrics.namespaces_injected, route.backend.name).inc()
     streaming = body.get("stream") is True and request.path in (CHAT, COMPLETIONS)
     request[DROP_USAGE] = _ask_for_usage(body) if streaming else False
     request[UPSTREAM_HEADERS] = headers

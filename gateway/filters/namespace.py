@@ -11,19 +11,18 @@ from typing import Any, Final
 from aiohttp import web
 
 from gateway.errors import MissingScopeValue
-from gateway.policy import Scope, Tenant
-from gateway.state import BODY, NAMESPACE, ROUTE, RUNTIME, TENANT
+from gateway.policy.model import Scope, Tenant
+from gateway.state import BODY, NAMESPACE, PROMPT_CACHE_KEY, ROUTE, RUNTIME, TENANT
 
 MAX_SCOPE_VALUE: Final = 512
 
 
 def _scope_value(tenant: Tenant, body: dict[str, Any], request: web.Request) -> str:
-    cache_key = body.pop("prompt_cache_key", None)
     if tenant.scope is Scope.TENANT:
         return ""
     value = request.headers.get(tenant.scope_header) if tenant.scope_header else None
     if not value:
-        value = body.get("user") if tenant.scope is Scope.USER else cache_key
+        value = body.get("user") if tenant.scope is Scope.USER else request.get(PROMPT_CACHE_KEY)
     if not isinstance(value, str) or not value or len(value) > MAX_SCOPE_VALUE:
         field = "user" if tenant.scope is Scope.USER else "prompt_cache_key"
         where = f" or header {tenant.scope_header}" if tenant.scope_header else ""

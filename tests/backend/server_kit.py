@@ -14,6 +14,7 @@ from backend.worker import EngineWorker
 from kvfence.attestation import AttestationSigner, AttestationVerifier
 from kvfence.handle import HandleSigner, HandleVerifier
 from kvfence.keyfile import TrustStore, generate_key
+from tests.backend.leaky_engine import LeakyEngine
 
 AUDIENCE = "backend-test"
 
@@ -46,12 +47,13 @@ class Kit:
         )
 
 
-def make_kit(loaded: LoadedModel, *, num_blocks: int = 256, fault: bool = False) -> Kit:
+def make_kit(loaded: LoadedModel, *, num_blocks: int = 256, leaky: bool = False) -> Kit:
+    """`leaky`: the engine is the test double that maps a foreign block into new requests."""
     gateway_key, backend_key = generate_key(), generate_key()
     trust = TrustStore({"gw": gateway_key.public_key()})
     runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=16)
-    engine = Engine(
-        runner, EngineConfig(num_blocks=num_blocks, block_size=16, fault_foreign_block=fault)
+    engine = (LeakyEngine if leaky else Engine)(
+        runner, EngineConfig(num_blocks=num_blocks, block_size=16)
     )
     served = ServedModel(loaded.name, "1", loaded.config.max_positions)
     backend = Backend(

@@ -77,7 +77,7 @@ def test_integrity_check_catches_a_block_reachable_from_two_namespaces() -> None
     (block,) = pool.allocate(A, 1)
     pool.cache(block, block_hash(namespace_root(A), [1, 2]), [1, 2])
     pool.check_integrity()
-    pool.acquire(block, B)  # what only a bug (or the test-only fault) would do
+    pool.acquire(block, B)  # what only a bug (or the test double LeakyEngine) would do
     with pytest.raises(IntegrityError, match="two namespaces"):
         pool.check_integrity()
 

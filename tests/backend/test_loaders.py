@@ -102,7 +102,7 @@ def test_dtype_choice() -> None:
 
 def test_smollm2_resolves_to_the_packaged_gguf() -> None:
     source = resolve_model("smollm2")
-    assert source.kind == "gguf"
+    assert source.format == "gguf"
     assert source.path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert source.path.stat().st_size > 90_000_000
 

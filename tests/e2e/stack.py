@@ -20,7 +20,7 @@ from backend.server import create_app as create_backend
 from backend.service import Backend, ServedModel
 from backend.worker import EngineWorker
 from gateway.app import create_app as create_gateway
-from gateway.policy_load import load_policy
+from gateway.policy.load import load_policy
 from gateway.server import bound_port, start
 from kvfence.apikey import key_digest, mint_key
 from kvfence.attestation import AttestationSigner
@@ -32,6 +32,7 @@ from kvfence.keyfile import (
     load_private_key,
     write_private_key,
 )
+from tests.backend.leaky_engine import LeakyEngine
 
 AUDIENCE = "backend-e2e"
 PEPPER = "e2e-pepper-0123456789abcdef"
@@ -91,11 +92,13 @@ def write_policy(keys: Keys, backend_url: str, model: str, *, audit: str = "enfo
     return path
 
 
-def make_backend(loaded: LoadedModel, keys: Keys, *, fault: bool = False) -> web.Application:
+def make_backend(loaded: LoadedModel, keys: Keys, *, leaky: bool = False) -> web.Application:
+    """Our backend app; `leaky` swaps in the test double that maps a foreign block into new
+    requests (tests/backend/leaky_engine.py)."""
     runner = ModelRunner(loaded, num_blocks=256, block_size=16)
-    config = EngineConfig(num_blocks=256, block_size=16, fault_foreign_block=fault)
+    config = EngineConfig(num_blocks=256, block_size=16)
     backend = Backend(
-        EngineWorker(Engine(runner, config)),
+        EngineWorker((LeakyEngine if leaky else Engine)(runner, config)),
         loaded.tokenizer,
         ServedModel(loaded.name, "1", loaded.config.max_positions),
         HandleVerifier(TrustStore.from_file(keys.folder / "backend-trust.json"), AUDIENCE),

@@ -105,7 +105,7 @@ async def test_no_client_input_reaches_another_tenants_cache(stack: Stack, keys:
 async def test_a_foreign_block_is_blocked_before_any_token(
     smollm2: LoadedModel, keys: Keys
 ) -> None:
-    backend = make_backend(smollm2, keys, fault=True)
+    backend = make_backend(smollm2, keys, leaky=True)
     async with running_stack(backend, keys, smollm2.name) as stack:
         await cached_of(stack, "acme", chat())
         resp = await stack.post("globex", chat("Tell me about pallets and customs. " * 4))
@@ -126,7 +126,7 @@ async def test_a_foreign_block_is_blocked_before_any_token(
 async def test_monitor_mode_lets_the_violation_through_and_logs_it(
     smollm2: LoadedModel, keys: Keys
 ) -> None:
-    backend = make_backend(smollm2, keys, fault=True)
+    backend = make_backend(smollm2, keys, leaky=True)
     async with running_stack(backend, keys, smollm2.name, audit="monitor") as stack:
         await cached_of(stack, "acme", chat())
         resp = await stack.post("globex", chat("Tell me about pallets and customs. " * 4))

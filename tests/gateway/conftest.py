@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.policy import Policy
-from gateway.policy_load import parse_policy
+from gateway.policy.load import parse_policy
+from gateway.policy.model import Policy
 from gateway.server import bound_port, start
 from kvfence.apikey import key_digest, mint_key
 from tests.fakes.openai_upstream import FakeUpstream

@@ -1,6 +1,6 @@
 """Other backend kinds: Dynamo takes the namespace as a header; kvfence is not routed yet."""
 
-from gateway.policy_load import parse_policy
+from gateway.policy.load import parse_policy
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway.conftest import ENV, policy_text, run_gateway
 

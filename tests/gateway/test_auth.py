@@ -113,7 +113,7 @@ async def test_health_and_metrics(gw: Gateway) -> None:
     assert (
         'kvfence_gateway_requests_total{backend="fake-vllm",status="200",tenant="acme"} 1.0' in text
     )
-    assert 'kvfence_gateway_salts_injected_total{backend="fake-vllm"} 1.0' in text
+    assert 'kvfence_gateway_namespaces_injected_total{backend="fake-vllm"} 1.0' in text
     assert (
         'kvfence_gateway_client_inputs_total{action="strip",input="cache_salt",tenant="acme"} 1.0'
         in text

@@ -2,7 +2,7 @@
 
 import asyncio
 
-from gateway.policy_load import parse_policy
+from gateway.policy.load import parse_policy
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway.conftest import ENV, KEYS, Gateway, policy_text, run_gateway
 

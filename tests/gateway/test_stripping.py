@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
-from gateway.runtime import Runtime
+from gateway.policy.runtime import Runtime
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway.conftest import KEYS, Gateway, make_policy, run_gateway
 
@@ -98,6 +98,28 @@ async def test_reject_mode_answers_400(upstream: FakeUpstream) -> None:
         resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG})
         assert resp.status == 200
         assert len(upstream.received) == 1
+    finally:
+        await gw.session.close()
+        await runner.cleanup()
+
+
+async def test_reject_mode_covers_prompt_cache_key_except_as_a_session_id(
+    upstream: FakeUpstream,
+) -> None:
+    gw, runner = await run_gateway(make_policy(upstream.url, mode="reject"), upstream)
+    try:
+        body = {"model": "smollm2", "messages": MSG, "prompt_cache_key": "k1"}
+        resp = await gw.chat("acme", body)  # scope tenant: a client's own cache key is refused
+        assert resp.status == 400
+        assert "prompt_cache_key" in (await resp.json())["error"]["message"]
+        resp = await gw.chat("initech", {**body, "user": "alice"})  # scope user: refused too
+        assert resp.status == 400
+        resp = await gw.chat("umbrella", body)  # scope session: it is the session id
+        assert resp.status == 200
+        resp = await gw.chat("umbrella", {**body, "Prompt-Cache-Key": "k2"})  # another copy
+        assert resp.status == 400
+        assert len(upstream.received) == 1
+        assert "prompt_cache_key" not in upstream.received[0].json
     finally:
         await gw.session.close()
         await runner.cleanup()

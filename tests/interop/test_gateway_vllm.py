@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from gateway.app import create_app
-from gateway.policy_load import parse_policy
+from gateway.policy.load import parse_policy
 from gateway.server import bound_port, start
 from kvfence.apikey import key_digest, mint_key
 from kvfence.namespace import NamespaceKey, derive_namespace

@@ -13,12 +13,13 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.polling import until_sync
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
@@ -90,15 +91,18 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _wait_healthy(proc: subprocess.Popen[bytes], health_url: str, deadline: float) -> None:
-    while time.monotonic() < deadline:
+def _wait_healthy(proc: subprocess.Popen[bytes], health_url: str, timeout_s: float) -> None:
+    def ready() -> bool:
         if _healthy(health_url):
-            return
+            return True
         # Waiting on the process doubles as the poll interval and notices an early exit at once.
         with contextlib.suppress(subprocess.TimeoutExpired):
             code = proc.wait(timeout=0.5)
             raise ServerStartError(f"the server exited with status {code} before becoming healthy")
-    raise ServerStartError(f"{health_url} did not answer 200 before the deadline")
+        return False
+
+    if not until_sync(ready, timeout_s, interval_s=0):
+        raise ServerStartError(f"{health_url} did not answer 200 before the deadline")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -140,7 +144,7 @@ def running_server(
             )
         try:
             try:
-                _wait_healthy(proc, health_url, time.monotonic() + ready_timeout_s)
+                _wait_healthy(proc, health_url, ready_timeout_s)
             except ServerStartError as exc:
                 tail = _log_tail(log)
                 raise ServerStartError(f"{exc}\n--- server log tail ---\n{tail}") from None

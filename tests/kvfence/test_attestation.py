@@ -10,10 +10,10 @@ from kvfence.attestation import (
     AttestationError,
     AttestationSigner,
     AttestationVerifier,
-    Verdict,
     check_attestation,
 )
 from kvfence.keyfile import TrustStore, generate_key
+from kvfence.verdict import Verdict
 
 KEY = generate_key()
 TRUST = TrustStore({"be-key": KEY.public_key()})
@@ -37,12 +37,12 @@ def test_round_trip_carries_every_field() -> None:
     assert (att.prompt_tokens, att.cached_tokens) == (40, 32)
     assert att.block_namespaces == frozenset({"ns-a"})
     assert att.issued_at == 1_800_000_000.0
-    assert len(att.digest()) == 64
+    assert len(att.digest) == 64
 
 
 def test_digest_differs_between_attestations() -> None:
     verifier = AttestationVerifier(TRUST)
-    assert verifier.verify(attest(["ns-a"])).digest() != verifier.verify(attest([])).digest()
+    assert verifier.verify(attest(["ns-a"])).digest != verifier.verify(attest([])).digest
 
 
 def test_tampered_attestation_is_refused() -> None:

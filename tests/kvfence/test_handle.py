@@ -58,14 +58,14 @@ def verifier(clock: FakeClock | None = None, replay_capacity: int = 1000) -> Han
 
 def refused(v: HandleVerifier, token: str | None, model: str = "smollm2") -> HandleError:
     with pytest.raises(HandleError) as info:
-        v.verify(token, model)
+        v.verify(token).check_model(model)
     return info.value
 
 
 def test_valid_handle_yields_namespace_and_claims() -> None:
     token = mint(request_id="req-valid")
     assert token.startswith("kvh1.") and "\n" not in token
-    handle = verifier().verify(token, "smollm2")
+    handle = verifier().verify(token)
     assert isinstance(handle.namespace, Namespace)
     assert handle.namespace.value == "ns-a"
     assert (handle.request_id, handle.model, handle.revision) == ("req-valid", "smollm2", "r1")
@@ -107,7 +107,7 @@ def test_unknown_key_id_is_401() -> None:
 
 def test_expired_is_401_but_clock_skew_is_tolerated() -> None:
     clock = FakeClock(NOW + 64)
-    assert verifier(clock).verify(mint(), "smollm2").namespace.value == "ns-a"
+    assert verifier(clock).verify(mint()).namespace.value == "ns-a"
     clock.now = NOW + 66
     err = refused(verifier(clock), mint())
     assert (err.status, err.code) == (401, "expired")
@@ -138,7 +138,7 @@ def test_replay_is_401_until_the_handle_expires() -> None:
     clock = FakeClock()
     v = verifier(clock)
     token = mint(request_id="req-once")
-    v.verify(token, "smollm2")
+    v.verify(token)
     err = refused(v, token)
     assert (err.status, err.code) == (401, "replayed")
     # another handle for the same request id is a replay too
@@ -149,17 +149,17 @@ def test_replay_store_prunes_expired_entries() -> None:
     clock = FakeClock()
     v = verifier(clock)
     for _ in range(50):
-        v.verify(mint(), "smollm2")
+        v.verify(mint())
     assert v.live_request_ids == 50
     clock.now = NOW + 200
-    v.verify(mint(signer_clock=clock.now), "smollm2")
+    v.verify(mint(signer_clock=clock.now))
     assert v.live_request_ids == 1
 
 
 def test_full_replay_store_fails_closed_with_503() -> None:
     v = verifier(replay_capacity=2)
-    v.verify(mint(), "smollm2")
-    v.verify(mint(), "smollm2")
+    v.verify(mint())
+    v.verify(mint())
     err = refused(v, mint())
     assert isinstance(err, HandleUnavailable)
     assert (err.status, err.code) == (503, "replay_store_full")
@@ -183,7 +183,7 @@ def test_every_single_bit_flip_is_refused() -> None:
     v = verifier()
     for position in range(len(token) * 8):
         assert refused(v, flip(token, position)).status == 401
-    assert v.verify(token, "smollm2").request_id == "req-bits"
+    assert v.verify(token).request_id == "req-bits"
 
 
 @settings(max_examples=100, deadline=None)

@@ -1,0 +1,1 @@
+"""Gateway benchmarks: overhead against a fake upstream, profiling, and their harness."""

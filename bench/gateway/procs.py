@@ -1,0 +1,199 @@
+"""The benchmark's server processes: the fake upstream and a real `kvfence gateway`, each pinned
+to one core, plus CPU-time probes read from /proc.
+
+Invariant: every process started here is stopped (SIGTERM, then SIGKILL) when its context exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvfence.apikey import key_digest, mint_key
+
+_TICK = os.sysconf("SC_CLK_TCK")
+MODEL = "smollm2"
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    pid: int
+    port: int
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (clock-tick resolution)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime: fields 14 and 15
+
+
+def runqueue_wait_seconds(pid: int) -> float:
+    """Time the process's main thread has spent runnable but waiting for a core (schedstat)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+
+
+def core_busy_seconds(core: int) -> float:
+    """Non-idle time of one CPU core so far, whoever used it (from /proc/stat)."""
+    with open("/proc/stat") as stat:
+        for line in stat:
+            if line.startswith(f"cpu{core} "):
+                ticks = [int(x) for x in line.split()[1:]]
+                return (sum(ticks[:8]) - ticks[3] - ticks[4]) / _TICK  # minus idle, iowait
+    raise ValueError(f"no cpu{core} in /proc/stat")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def place(core: int, nice: int) -> None:
+    """Pin the calling process to `core` and set its nice value (negative needs privilege)."""
+    os.sched_setaffinity(0, {core})
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+
+
+def _popen(
+    cmd: list[str], where: tuple[int, int], env: dict[str, str] | None = None, *, pipe: bool = False
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE if pipe else subprocess.DEVNULL,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        preexec_fn=functools.partial(place, *where),
+    )
+
+
+def commit_of(root: Path, rev: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), "rev-parse", rev], capture_output=True, text=True, check=False
+    ).stdout.strip()
+
+
+def source_state(root: Path) -> dict[str, str]:
+    """The commit benchmarked and whether the gateway's code differs from it in the tree."""
+    head = commit_of(root, "HEAD")
+    dirty = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--", "gateway", "kvfence"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return {"commit": head, "gateway_tree": "modified" if dirty else "clean"}
+
+
+@contextlib.contextmanager
+def exported(root: Path, rev: str) -> Iterator[Path]:
+    """`kvfence/` and `gateway/` as of `rev`, in a temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="kvfence-rev-") as tmp:
+        archive = subprocess.run(
+            ["git", "-C", str(root), "archive", rev, "kvfence", "gateway"],
+            capture_output=True,
+            check=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        yield Path(tmp)
+
+
+@contextlib.contextmanager
+def upstream(core: int, nice: int = 0) -> Iterator[Server]:
+    """The fake upstream (bench.gateway.upstream) on `core`."""
+    cmd = [sys.executable, "-m", "bench.gateway.upstream", "--port", "0"]
+    proc = _popen(cmd, (core, nice), pipe=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"the fake upstream did not start: {line!r}")
+        yield Server(proc.pid, int(line.split()[1]))
+    finally:
+        _stop(proc)
+
+
+def _policy_text(upstream_port: int, digest: str) -> str:
+    return f"""version: 1
+gateway:
+  listen: {{host: 127.0.0.1, port: 8080}}
+  namespace_keys:
+    - {{id: bench, secret: {{env: KVFENCE_BENCH_NS_KEY}}, active: true}}
+  api_key_pepper: {{env: KVFENCE_BENCH_PEPPER}}
+  limits: {{max_connections: 8192, max_body_bytes: 4194304}}
+  access_log: false
+backends:
+  - name: fake
+    kind: vllm
+    url: http://127.0.0.1:{upstream_port}
+    models: [{{name: {MODEL}, revision: "1"}}]
+tenants:
+  - id: bench
+    api_keys: ["{digest}"]
+    scope: tenant
+    models: [{MODEL}]
+"""
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[bytes], deadline_s: float) -> None:
+    deadline = time.monotonic() + deadline_s
+    url = f"http://127.0.0.1:{port}/healthz"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the gateway exited with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.05)
+    raise RuntimeError(f"the gateway was not ready within {deadline_s} s")
+
+
+@contextlib.contextmanager
+def gateway(
+    upstream_port: int, core: int, nice: int = 0, source: Path | None = None
+) -> Iterator[tuple[Server, str]]:
+    """`kvfence gateway --workers 1` in front of the upstream, with throwaway secrets; yields the
+    server and a tenant API key. With `source`, the gateway's code is imported from there."""
+    pepper = secrets.token_urlsafe(24)
+    key = mint_key()
+    env = dict(os.environ)
+    env["KVFENCE_BENCH_NS_KEY"] = secrets.token_urlsafe(48)
+    env["KVFENCE_BENCH_PEPPER"] = pepper
+    if source is not None:
+        env["PYTHONPATH"] = str(source)
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="kvfence-bench-") as tmp:
+        policy = Path(tmp) / "policy.yaml"
+        policy.write_text(_policy_text(upstream_port, key_digest(pepper.encode(), key)))
+        cmd = [sys.executable, "-m", "kvfence.cli", "gateway", "--policy", str(policy)]
+        cmd += ["--workers", "1"]
+        proc = _popen([*cmd, "--port", str(port), "--log-level", "warning"], (core, nice), env)
+        try:
+            _wait_ready(port, proc, deadline_s=30)
+            yield Server(proc.pid, port), key
+        finally:
+            _stop(proc)

@@ -1,0 +1,84 @@
+"""Settle: the one place a judgement becomes what the client gets and one audit record: the
+verdict is counted, logged when it is not clean, and written to the audit log; a withheld
+answer is replaced by a local error.
+
+Invariant: every request that reached the upstream step is settled exactly once; a record that
+cannot be written raises `AuditWriteFailed`, so the answer fails closed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from aiohttp import web
+
+from gateway.audit.judge import Answer, AuditContext, Judgement, record
+from gateway.audit.log import AuditWriteError
+from gateway.audit.sink import AUDIT_SINK
+from gateway.errors import AttestationRefused, AuditWriteFailed, error_body
+from gateway.state import METRICS, NAMESPACE, REQUEST_ID, ROUTE, RUNTIME, TENANT, UPSTREAM_HEADERS
+from kvfence.verdict import Verdict
+
+VERDICT_HEADER: Final = "x-kvfence-verdict"
+_QUIET: Final = frozenset({Verdict.CLEAN, Verdict.UNATTESTED})
+log = logging.getLogger("kvfence.gateway.audit")
+
+
+def audit_context(request: web.Request) -> AuditContext:
+    route = request[ROUTE]
+    return AuditContext(
+        request_id=request[REQUEST_ID],
+        tenant=request[TENANT].id,
+        model=route.model.name,
+        backend=route.backend,
+        upstream_id=request[UPSTREAM_HEADERS]["x-request-id"],
+        namespace=request[NAMESPACE],
+        verifier=request[RUNTIME].attestations.get(route.backend.name),
+    )
+
+
+async def settle(
+    request: web.Request,
+    ctx: AuditContext,
+    answer: Answer,
+    judgement: Judgement,
+    *,
+    status: int | None = None,
+    reason: str | None = None,
+) -> web.Response | None:
+    """Count, log and record the judgement. Returns the local answer that replaces a withheld
+    response, else None. `status` and `reason` describe a failed exchange (the client got that
+    status, or left: 499). Raises AuditWriteFailed when the record is lost."""
+    assert not answer.settled, "an answer is settled once"
+    answer.settled = True
+    refusal = None
+    if judgement.blocked:
+        refusal = AttestationRefused(
+            "the response was withheld: the backend's attestation verdict is "
+            + judgement.verdict.value
+        )
+        status, reason = refusal.status, refusal.code
+    final_status = answer.status if status is None else status
+    metrics = request.app[METRICS]
+    metrics.child(metrics.verdicts, ctx.backend.name, judgement.verdict.value).inc()
+    if answer.cached_tokens:
+        metrics.child(metrics.cached_tokens, ctx.tenant).inc(answer.cached_tokens)
+    entry = record(ctx, answer, judgement, final_status, reason)
+    if judgement.verdict not in _QUIET:
+        log.warning("audit verdict", extra={"rid": ctx.request_id, **entry})
+    settings = request[RUNTIME].policy.gateway.audit_log
+    try:
+        await request.app[AUDIT_SINK].append(settings, entry)
+    except AuditWriteError as exc:
+        metrics.audit_failures.inc()
+        log.error("audit write failed", extra={"rid": ctx.request_id, "error": str(exc)})
+        raise AuditWriteFailed("the audit record could not be written") from None
+    if refusal is None:
+        return None
+    return web.Response(
+        body=error_body(refusal),
+        status=refusal.status,
+        content_type="application/json",
+        headers={"x-request-id": ctx.request_id, VERDICT_HEADER: judgement.verdict.value},
+    )

@@ -1,0 +1,77 @@
+"""Reading the policy's key material for kvfence backends and the audit log's settings.
+
+Invariant: key and trust files are read and parsed once, at load; a file that cannot be used is
+a policy error naming the file, the line and the key path, never a failure at request time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from gateway.policy.model import AuditLogSettings, FsyncMode, HandleKey, SecretRef
+from gateway.policy.node import Node
+from gateway.policy.secrets import read_ref, resolve
+from kvfence.keyfile import KEY_ID_RE, KeyFileError, TrustStore, load_private_key
+
+_F = frozenset
+_AUDIT_REQ: Final = _F({"path", "key"})
+_AUDIT_OPT: Final = _F({"fsync", "batch_max_records", "batch_max_ms", "rotate_bytes"})
+MIN_AUDIT_KEY_BYTES: Final = 16
+MAX_HANDLE_TTL_S: Final = 300.0  # the backend's verifier refuses longer lifetimes
+
+
+def _file_ref(node: Node, base: Path) -> tuple[SecretRef, Path]:
+    ref = read_ref(node)
+    if ref.source != "file":
+        node.fail("must be {file: PATH}: key material is read from a file")
+    return ref, base / ref.name
+
+
+def read_handle_key(node: Node, base: Path) -> HandleKey:
+    f = node.mapping(_F({"id", "private_key"}), _F())
+    key_id = f["id"].text(KEY_ID_RE, "of [A-Za-z0-9._-], at most 64")
+    ref, path = _file_ref(f["private_key"], base)
+    try:
+        key = load_private_key(path)
+    except KeyFileError as exc:
+        f["private_key"].fail(str(exc))
+    return HandleKey(key_id, ref, key)
+
+
+def read_trust(node: Node, base: Path) -> tuple[SecretRef, TrustStore]:
+    ref, path = _file_ref(node, base)
+    try:
+        trust = TrustStore.from_file(path)
+    except KeyFileError as exc:
+        node.fail(str(exc))
+    if not trust:
+        node.fail(f"{path}: the trust file lists no keys")
+    return ref, trust
+
+
+def read_handle_ttl(node: Node) -> float:
+    ttl = node.positive()
+    if ttl > MAX_HANDLE_TTL_S:
+        node.fail(f"must be at most {MAX_HANDLE_TTL_S:g} seconds")
+    return ttl
+
+
+def read_audit_log(node: Node, env: Mapping[str, str], base: Path) -> AuditLogSettings:
+    f = node.mapping(_AUDIT_REQ, _AUDIT_OPT)
+    d = AuditLogSettings(Path(), resolve(f["key"], env, base, MIN_AUDIT_KEY_BYTES))
+    fsync = FsyncMode(f["fsync"].choice(("always", "batch"))) if "fsync" in f else d.fsync
+    batch_ms = f["batch_max_ms"].positive() if "batch_max_ms" in f else d.batch_max_ms
+    return AuditLogSettings(
+        path=base / f["path"].text(),
+        key=d.key,
+        fsync=fsync,
+        batch_max_records=f["batch_max_records"].integer(1, 1 << 20)
+        if "batch_max_records" in f
+        else d.batch_max_records,
+        batch_max_ms=batch_ms,
+        rotate_bytes=f["rotate_bytes"].integer(4096, 1 << 40)
+        if "rotate_bytes" in f
+        else d.rotate_bytes,
+    )

@@ -1,0 +1,176 @@
+"""The policy, version 1, as frozen dataclasses: what `gateway.policy.load` returns.
+
+Invariant: a `Policy` is fully validated and its secrets resolved; requests only read it, and a
+reload replaces the whole object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from kvfence.keyfile import TrustStore
+
+
+class Scope(StrEnum):
+    TENANT = "tenant"
+    USER = "user"
+    SESSION = "session"
+
+
+class ClientInputMode(StrEnum):
+    STRIP = "strip"
+    REJECT = "reject"
+
+
+class AuditMode(StrEnum):
+    ENFORCE = "enforce"
+    MONITOR = "monitor"
+
+
+@dataclass(frozen=True, slots=True)
+class SecretRef:
+    """`{env: NAME}` or `{file: PATH}`; never the secret itself."""
+
+    source: str  # "env" | "file"
+    name: str
+
+    def __str__(self) -> str:
+        return f"{{{self.source}: {self.name}}}"
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    ref: SecretRef
+    value: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceKeySpec:
+    id: str
+    secret: Secret
+    active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Upstream timeouts in seconds."""
+
+    connect_s: float = 5.0
+    first_byte_s: float = 120.0
+    idle_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClientLimits:
+    """What a client may cost: an idle or trickling client is cut, not held."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_connections: int = 1024
+
+
+class FsyncMode(StrEnum):
+    ALWAYS = "always"
+    BATCH = "batch"
+
+
+@dataclass(frozen=True, slots=True)
+class HandleKey:
+    """The key the gateway signs handles with (used by the kvfence adapter), loaded once."""
+
+    id: str
+    private_key: SecretRef
+    key: Ed25519PrivateKey = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditLogSettings:
+    """Where and how the audit log is written; equal settings keep the open log on reload."""
+
+    path: Path
+    key: Secret
+    fsync: FsyncMode = FsyncMode.ALWAYS
+    batch_max_records: int = 64
+    batch_max_ms: float = 50.0
+    rotate_bytes: int = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    namespace_keys: tuple[NamespaceKeySpec, ...]
+    api_key_pepper: Secret
+    listen: Listen = Listen()
+    client_inputs: ClientInputMode = ClientInputMode.STRIP
+    timeouts: Timeouts = Timeouts()
+    limits: ClientLimits = ClientLimits()
+    access_log: bool = True
+    handle_key: HandleKey | None = None
+    handle_ttl_s: float = 60.0
+    audit_log: AuditLogSettings | None = None
+
+    @property
+    def active_key(self) -> NamespaceKeySpec:
+        return next(k for k in self.namespace_keys if k.active)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str
+    revision: str
+
+
+@dataclass(frozen=True, slots=True)
+class KvfenceOptions:
+    """Fields only a `kind: kvfence` backend has."""
+
+    audience: str
+    attestation_keys: SecretRef
+    trust: TrustStore = field(repr=False, compare=False)  # parsed from `attestation_keys`
+    audit: AuditMode = AuditMode.ENFORCE
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    name: str
+    kind: str
+    url: str
+    models: tuple[ModelSpec, ...]
+    allow_unscoped: bool = False
+    api_key: Secret | None = None
+    kvfence: KvfenceOptions | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    id: str
+    api_keys: tuple[str, ...]
+    scope: Scope
+    models: tuple[str, ...]
+    scope_header: str | None = None  # where a user or session id may arrive besides the body
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    source: str
+    version: int
+    gateway: GatewaySettings
+    backends: tuple[Backend, ...]
+    tenants: tuple[Tenant, ...]
+
+    def summary(self) -> str:
+        models = sum(len(b.models) for b in self.backends)
+        return (
+            f"{self.source}: ok: {len(self.tenants)} tenants, {len(self.backends)} backends, "
+            f"{models} models, active namespace key {self.gateway.active_key.id}"
+        )

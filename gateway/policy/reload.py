@@ -1,0 +1,101 @@
+"""Policy reload on SIGHUP and on file change: a valid policy swaps in whole, an invalid one is
+refused, logged and counted, and the running one stays.
+
+Invariant: `PolicyHolder.runtime` is replaced in one assignment; a request reads it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from gateway.metrics import Metrics
+from gateway.policy.load import load_policy
+from gateway.policy.node import PolicyError
+from gateway.policy.runtime import Runtime
+
+log = logging.getLogger("kvfence.gateway.reload")
+Fingerprint = tuple[int, int, str]
+
+
+class PolicyHolder:
+    """The current runtime; swapped atomically by `Reloader`."""
+
+    __slots__ = ("runtime",)
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+
+def fingerprint(path: Path) -> Fingerprint | None:
+    """mtime, size and content hash (blocking: run in a thread)."""
+    try:
+        stat = path.stat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+    return (stat.st_mtime_ns, stat.st_size, digest)
+
+
+class Reloader:
+    def __init__(self, path: Path, holder: PolicyHolder, metrics: Metrics, interval_s: float):
+        self.path, self.holder, self.metrics, self.interval_s = path, holder, metrics, interval_s
+        # Taken now, at start-up, so an edit made before the watcher's first poll still counts.
+        self._seen: Fingerprint | None = fingerprint(path)
+        self._lock = asyncio.Lock()
+
+    async def reload(self) -> bool:
+        async with self._lock:
+            self._seen = await asyncio.to_thread(fingerprint, self.path)
+            try:
+                policy = await asyncio.to_thread(load_policy, self.path)
+                runtime = Runtime(policy)
+            except PolicyError as exc:
+                self.metrics.reloads.labels("refused").inc()
+                log.warning("policy reload refused", extra={"errors": exc.errors})
+                return False
+            self.holder.runtime = runtime
+            self.metrics.reloads.labels("ok").inc()
+            log.info("policy reloaded", extra={"summary": policy.summary()})
+            return True
+
+    async def watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            current = await asyncio.to_thread(fingerprint, self.path)
+            if current is not None and current != self._seen:
+                await self.reload()
+
+
+def reload_ctx(reloader: Reloader) -> Callable[[web.Application], AsyncIterator[None]]:
+    """An aiohttp cleanup context running the watcher and the SIGHUP handler."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        task = asyncio.create_task(reloader.watch())
+        pending: set[asyncio.Task[bool]] = set()
+
+        def on_hup() -> None:
+            hup_task = loop.create_task(reloader.reload())
+            pending.add(hup_task)
+            hup_task.add_done_callback(pending.discard)
+
+        hup = False
+        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+            loop.add_signal_handler(signal.SIGHUP, on_hup)
+            hup = True
+        yield
+        if hup:
+            loop.remove_signal_handler(signal.SIGHUP)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return ctx

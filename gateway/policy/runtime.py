@@ -1,0 +1,106 @@
+"""A `Policy` compiled into the lookup tables requests use, plus its namespace cache.
+
+Invariant: built once per policy version and never mutated except the bounded namespace cache;
+a reload builds a new `Runtime`, so a key rotation drops every cached namespace with it.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Final
+
+import aiohttp
+
+from gateway.adapters.base import Adapter
+from gateway.adapters.kvfence import KvfenceAdapter
+from gateway.adapters.registry import ADAPTERS
+from gateway.policy.model import Backend, ModelSpec, Policy, Tenant
+from kvfence.apikey import is_well_formed, key_digest
+from kvfence.attestation import AttestationVerifier
+from kvfence.handle import HandleSigner
+from kvfence.namespace import NamespaceKey, derive_namespace
+
+NAMESPACE_CACHE_SIZE: Final = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    backend: Backend
+    model: ModelSpec
+    adapter: Adapter
+
+
+def _adapter(policy: Policy, backend: Backend) -> Adapter:
+    handle_key = policy.gateway.handle_key
+    if backend.kind == KvfenceAdapter.kind and handle_key is not None:
+        signer = HandleSigner(handle_key.key, handle_key.id)
+        return KvfenceAdapter(backend, signer, policy.gateway.handle_ttl_s)
+    return ADAPTERS[backend.kind](backend)
+
+
+class Runtime:
+    """Lookup tables for one policy: key digest -> tenant, model -> route, tenant -> models."""
+
+    __slots__ = (
+        "_cache",
+        "_ns_key",
+        "_pepper",
+        "_tenants",
+        "allowed",
+        "attestations",
+        "policy",
+        "routes",
+        "upstream_timeout",
+    )
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        active = policy.gateway.active_key
+        self._ns_key = NamespaceKey(active.id, active.secret.value)
+        self._pepper = policy.gateway.api_key_pepper.value
+        self._tenants = {d: t for t in policy.tenants for d in t.api_keys}
+        self.allowed = {t.id: frozenset(t.models) for t in policy.tenants}
+        adapters = {b.name: _adapter(policy, b) for b in policy.backends}
+        # Backend name -> verifier of its attestations, pinned to its audience (backend id).
+        self.attestations = {
+            b.name: AttestationVerifier(b.kvfence.trust, b.kvfence.audience)
+            for b in policy.backends
+            if b.kvfence is not None
+        }
+        self.routes = {
+            m.name: Route(b, m, adapters[b.name]) for b in policy.backends for m in b.models
+        }
+        self._cache: dict[tuple[str, str, str, str], str] = {}
+        # aiohttp's share of the upstream deadlines; the first byte has its own (see proxy).
+        self.upstream_timeout = aiohttp.ClientTimeout(
+            sock_connect=policy.gateway.timeouts.connect_s
+        )
+
+    def tenant_for_key(self, key: str) -> Tenant | None:
+        """The key's tenant, or None. Malformed keys stop before any lookup; the table is keyed
+        by a peppered HMAC, and the found entry is confirmed with a constant-time compare."""
+        if not is_well_formed(key):
+            return None
+        digest = key_digest(self._pepper, key)
+        tenant = self._tenants.get(digest)
+        if tenant is None or not any(hmac.compare_digest(digest, d) for d in tenant.api_keys):
+            return None
+        return tenant
+
+    def namespace(self, tenant: Tenant, scope_value: str, route: Route) -> str:
+        cache_key = (tenant.id, scope_value, route.model.name, route.model.revision)
+        ns = self._cache.get(cache_key)
+        if ns is None:
+            ns = derive_namespace(
+                self._ns_key,
+                tenant.id,
+                tenant.scope.value,
+                scope_value,
+                route.model.name,
+                route.model.revision,
+            )
+            if len(self._cache) >= NAMESPACE_CACHE_SIZE:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[cache_key] = ns
+        return ns

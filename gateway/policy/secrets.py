@@ -1,0 +1,34 @@
+"""Secret references: `{env: NAME}` or `{file: PATH}` (relative to the policy's folder).
+
+Invariant: a secret is never written inline in a policy; a missing or empty one is an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from gateway.policy.model import Secret, SecretRef
+from gateway.policy.node import Node
+from kvfence.secrets import SecretError, from_env, from_file
+
+_KEYS = frozenset({"env", "file"})
+
+
+def read_ref(node: Node) -> SecretRef:
+    fields = node.mapping(frozenset(), _KEYS)
+    if len(fields) != 1:
+        node.fail("must be {env: NAME} or {file: PATH}; secrets are never written inline")
+    ((source, value),) = fields.items()
+    return SecretRef(source, value.text())
+
+
+def resolve(node: Node, env: Mapping[str, str], base: Path, min_bytes: int) -> Secret:
+    ref = read_ref(node)
+    try:
+        value = from_env(ref.name, env) if ref.source == "env" else from_file(base / ref.name)
+    except SecretError as exc:
+        node.fail(str(exc))
+    if len(value) < min_bytes:
+        node.fail(f"the secret in {ref} must be at least {min_bytes} bytes")
+    return Secret(ref, value)

@@ -1,0 +1,67 @@
+"""Reading the policy's `tenants` list.
+
+Invariant: tenant ids and API key digests are unique, every tenant model is served, and no
+tenant's scope header is one the gateway reserves for cache scoping.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+from pathlib import Path
+
+import yaml
+
+from gateway.filters.sanitize import is_scoping_header
+from gateway.policy.model import Scope, Tenant
+from gateway.policy.node import Node, unique_items
+from kvfence.apikey import is_digest
+
+_F = frozenset
+_TENANT_REQ = _F({"id", "api_keys", "scope", "models"})
+_TENANT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_HEADER_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+
+
+def _key_digests(node: Node, base: Path) -> list[tuple[Node, str]]:
+    """An `api_keys` entry: a digest, or `{file: PATH}` naming a file of digests, one a line."""
+    if not isinstance(node.node, yaml.MappingNode):
+        return [(node, node.text())]
+    name = node.mapping(_F({"file"}), _F())["file"].text()
+    try:
+        lines = (base / name).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        node.fail(f"cannot read key digest file {name}: {exc.strerror}")
+    return [(node, line.strip()) for line in lines if line.strip() and not line.startswith("#")]
+
+
+def _tenant(item: Node, served: set[str], digests: set[str], base: Path) -> Tenant:
+    f = item.mapping(_TENANT_REQ, _F({"scope_header"}))
+    scope = Scope(f["scope"].choice(tuple(s.value for s in Scope)))
+    keys = []
+    for entry in f["api_keys"].items():
+        for key_node, digest in _key_digests(entry, base):
+            if not is_digest(digest):
+                key_node.fail("must be a digest printed by `kvfence keys new` (hmac-sha256:<hex>)")
+            if digest in digests:
+                key_node.fail("duplicate API key digest")
+            digests.add(digest)
+            keys.append(digest)
+    models = []
+    for model_node in f["models"].items():
+        name = model_node.text()
+        if name not in served:
+            model_node.fail(f"no backend serves model {name}")
+        models.append(name)
+    header = None
+    if "scope_header" in f:
+        header = f["scope_header"].text(_HEADER_RE, "naming an HTTP header").lower()
+        if is_scoping_header(header):
+            f["scope_header"].fail("names a header the gateway reserves for cache scoping")
+    return Tenant(f["id"].text(_TENANT_RE), tuple(keys), scope, tuple(models), header)
+
+
+def read_tenants(node: Node, served: set[str], base: Path) -> tuple[Tenant, ...]:
+    digests: set[str] = set()
+    read = partial(_tenant, served=served, digests=digests, base=base)
+    return unique_items(node, read, lambda t: t.id, "tenant id")

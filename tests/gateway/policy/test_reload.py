@@ -1,0 +1,61 @@
+"""Policy reload: a valid file swaps in whole; an invalid one is refused and counted."""
+
+import os
+import signal
+from pathlib import Path
+
+from tests.fakes.openai_upstream import FakeUpstream
+from tests.gateway.conftest import ENV, Gateway, make_policy, policy_text, run_gateway
+from tests.polling import until
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+async def _salt(gw: Gateway) -> str:
+    resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG})
+    assert resp.status == 200
+    return str(gw.upstream.received[-1].json["cache_salt"])
+
+
+async def _metric(gw: Gateway, line: str) -> bool:
+    return line in await (await gw.session.get(gw.url + "/metrics")).text()
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace the file atomically, as a deploy tool does (an editor's partial write would be
+    refused once and then picked up; that is correct but makes counts noisy)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+async def test_reload_on_change_and_refusal(
+    upstream: FakeUpstream, tmp_path: Path, monkeypatch: object
+) -> None:
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)  # type: ignore[attr-defined]
+    path = tmp_path / "policy.yaml"
+    _write(path, policy_text(upstream.url))
+    gw, runner = await run_gateway(make_policy(upstream.url), upstream, reload_from=path)
+    try:
+        before = await _salt(gw)
+        assert before.startswith("ns1.")
+        _write(path, policy_text(upstream.url, active="ns2"))  # key rotation
+        await until(lambda: _metric(gw, 'kvfence_gateway_policy_reloads_total{result="ok"} 1.0'))
+        assert (await _salt(gw)).startswith("ns2.")
+
+        _write(path, policy_text(upstream.url).replace("scope: tenant", "scope: team"))
+        await until(
+            lambda: _metric(gw, 'kvfence_gateway_policy_reloads_total{result="refused"} 1.0')
+        )
+        assert (await _salt(gw)).startswith("ns2.")  # the old policy stays
+
+        _write(path, policy_text(upstream.url, active="ns1"))
+        await until(lambda: _metric(gw, 'kvfence_gateway_policy_reloads_total{result="ok"} 2.0'))
+        assert await _salt(gw) == before
+
+        os.kill(os.getpid(), signal.SIGHUP)  # the file is unchanged: only the signal reloads
+        await until(lambda: _metric(gw, 'kvfence_gateway_policy_reloads_total{result="ok"} 3.0'))
+    finally:
+        await gw.session.close()
+        await runner.cleanup()
