@@ -53,14 +53,17 @@ def parse_generation(body: dict[str, Any], endpoint: str) -> GenerationRequest:
     else:
         prompt = _prompt(body.get("prompt"))
     stream = _bool(body, "stream", False)
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options")
+    if options is None:
+        options = {}
     if not isinstance(options, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
-    include_usage = bool(options.get("include_usage", False))
+    include_usage = _bool(options, "include_usage", False, "stream_options")
     if _number(body, "n", 1, 1, 1) != 1:
         raise BadRequest("only n=1 is supported", "n")
-    limit_key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    max_tokens = int(_number(body, limit_key, MAX_TOKENS_DEFAULT, 1, MAX_TOKENS_LIMIT))
+    newer = body.get("max_completion_tokens") is not None
+    limit_key = "max_completion_tokens" if newer else "max_tokens"
+    max_tokens = _integer(body, limit_key, MAX_TOKENS_DEFAULT, 1, MAX_TOKENS_LIMIT)
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise BadRequest("'seed' must be an integer", "seed")
@@ -88,7 +91,9 @@ def _messages(value: Any) -> tuple[dict[str, str], ...]:
         if role not in {"system", "user", "assistant", "developer"}:
             raise BadRequest(f"messages[{i}].role is not supported", "messages")
         if isinstance(content, list):  # content parts: only text is supported
-            parts = [p.get("text") for p in content if isinstance(p, dict)]
+            parts = [
+                p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"
+            ]
             if not all(isinstance(p, str) for p in parts) or len(parts) != len(content):
                 raise BadRequest(
                     f"messages[{i}].content: only text parts are supported", "messages"
@@ -120,12 +125,23 @@ def _stop(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _bool(body: dict[str, Any], key: str, default: bool) -> bool:
+def _bool(body: dict[str, Any], key: str, default: bool, param: str | None = None) -> bool:
     value = body.get(key, default)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise BadRequest(f"'{key}' must be a boolean", key)
+        raise BadRequest(f"'{key}' must be a boolean", param or key)
+    return value
+
+
+def _integer(body: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'{key}' must be an integer", key)
+    if not low <= value <= high:
+        raise BadRequest(f"'{key}' must be between {low} and {high}", key)
     return value
 
 

@@ -37,12 +37,11 @@ class TextStream:
     def _release(self, final: bool) -> str:
         if self.stopped:
             return ""
-        for stop in self._stop:
-            at = self._pending.find(stop)
-            if at >= 0:
-                self.stopped = True
-                out, self._pending = self._pending[:at], ""
-                return out
+        found = [at for at in (self._pending.find(stop) for stop in self._stop) if at >= 0]
+        if found:  # the earliest stop string wins, whichever is listed first
+            self.stopped = True
+            out, self._pending = self._pending[: min(found)], ""
+            return out
         keep = 0 if final else min(self._hold, len(self._pending))
         cut = len(self._pending) - keep
         out, self._pending = self._pending[:cut], self._pending[cut:]
