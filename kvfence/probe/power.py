@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+from functools import lru_cache
 from statistics import NormalDist
 
 from kvfence.probe.sequential import CANDIDATE_LOOKS, Schedule, plan
@@ -24,6 +25,7 @@ def shift_for(auc: float) -> float:
     return math.sqrt(2.0) * NormalDist().inv_cdf(auc)
 
 
+@lru_cache(maxsize=1024)
 def power(schedule: Schedule, auc: float, reps: int = REPS, seed: int = SEED) -> float:
     """The chance that the schedule rejects somewhere when hits beat misses with this AUC."""
     if not schedule.looks:
@@ -44,6 +46,7 @@ def power(schedule: Schedule, auc: float, reps: int = REPS, seed: int = SEED) ->
     return rejected / reps
 
 
+@lru_cache(maxsize=256)
 def detectable_auc(schedule: Schedule, target: float = POWER_TARGET) -> float | None:
     """The smallest AUC (to 0.005) the schedule detects with power >= target; None if none."""
     if not schedule.looks:
@@ -58,6 +61,7 @@ def detectable_auc(schedule: Schedule, target: float = POWER_TARGET) -> float | 
     return round(hi, 3)
 
 
+@lru_cache(maxsize=256)
 def budget_for(
     test: TimingTest, alpha: float, auc: float, target: float = POWER_TARGET
 ) -> int | None:
