@@ -18,6 +18,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "keygen": ("kvfence.keygen_cli", "create an Ed25519 key pair for handles or attestations"),
     "backend": ("backend.cli", "run the kvfence inference backend"),
     "audit": ("gateway.audit.cli", "verify a tamper-evident audit log"),
+    "probe": (
+        "kvfence.probe.cli",
+        "scan an OpenAI-compatible endpoint for cross-credential cache sharing",
+    ),
 }
 
 
@@ -51,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         module = cast(_Command, importlib.import_module(module_name))
     except ImportError as exc:
         extra = "backend" if module_name.startswith("backend") else "gateway"
+        if module_name.startswith("kvfence.probe"):
+            extra = "probe"
         print(
             f"kvfence {name}: missing dependency ({exc.name}); install kvfence[{extra}]",
             file=sys.stderr,
