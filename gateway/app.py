@@ -28,12 +28,25 @@ from gateway.filters.body import read_body
 from gateway.filters.namespace import derive
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
-from gateway.metrics import Metrics
+from gateway.metrics import HealthCollector, Metrics
 from gateway.policy.model import Policy
 from gateway.policy.reload import PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
-from gateway.proxy import SESSION, forward
-from gateway.state import METRICS, REQUEST_ID, ROUTE, RUNTIME, TENANT, TIMING, Timing
+from gateway.proxy import forward
+from gateway.state import (
+    HOLDER,
+    METRICS,
+    REQUEST_ID,
+    ROUTE,
+    RUNTIME,
+    SESSION,
+    TENANT,
+    TIMING,
+    VERIFY,
+    Timing,
+)
+from gateway.verify.service import Verification, remove_state_dir, state_dir_for
+from gateway.verify.watch import Watch
 from kvfence.logs import redact_headers
 
 Filter = Callable[[web.Request], Awaitable[None]]
@@ -45,7 +58,7 @@ CHAIN: Final[tuple[Filter, ...]] = (
     derive,
     inject,
 )
-HOLDER = web.AppKey("kvfence_policy_holder", PolicyHolder)
+WATCH = web.AppKey("kvfence_watch", Watch)
 _RID_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 access_log = logging.getLogger("kvfence.gateway.access")
 log = logging.getLogger("kvfence.gateway")
@@ -69,10 +82,6 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
-
-
-async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[METRICS].render(), content_type="text/plain")
 
 
 def _error(error: GatewayError, rid: str) -> web.Response:
@@ -151,21 +160,51 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
+def _verify_ctx(temporary: bool) -> Callable[[web.Application], AsyncIterator[None]]:
+    """The shared health board's refresher and the canary watch run while the app serves."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        verification = app[VERIFY]
+        tasks = [
+            asyncio.create_task(verification.health.watch()),
+            asyncio.create_task(app[WATCH].run()),
+        ]
+        yield
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        verification.close()
+        if temporary:
+            remove_state_dir(verification.state_dir)
+
+    return ctx
+
+
 def create_app(
     policy: Policy,
     *,
     reload_from: Path | None = None,
     reload_interval_s: float = 1.0,
     worker: int | None = None,
+    state_dir: Path | None = None,
 ) -> web.Application:
     """The gateway for `policy`; with `reload_from`, it follows that file and SIGHUP. `worker`
-    numbers one of several processes sharing the port (it writes its own audit log chain)."""
+    numbers one of several processes sharing the port (it writes its own audit log chain);
+    `state_dir` is the verification state they share (default: the policy's, else a private
+    temporary one)."""
     app = web.Application(middlewares=[frame])
     app[HOLDER] = PolicyHolder(Runtime(policy))
     app[METRICS] = Metrics()
     app[AUDIT_SINK] = AuditSink(policy.gateway.audit_log, worker)
+    temporary = False
+    if state_dir is None:
+        state_dir, temporary = state_dir_for(policy)
+    app[VERIFY] = Verification(policy, state_dir)
+    app[METRICS].registry.register(HealthCollector(app[VERIFY].health))
+    app[WATCH] = Watch(app)
     app.cleanup_ctx.append(_session_ctx)
     app.cleanup_ctx.append(audit_sink_ctx)
+    app.cleanup_ctx.append(_verify_ctx(temporary))
     if reload_from is not None:
         reloader = Reloader(reload_from, app[HOLDER], app[METRICS], reload_interval_s)
         app.cleanup_ctx.append(reload_ctx(reloader))
@@ -174,5 +213,4 @@ def create_app(
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", healthz)
-    app.router.add_get("/metrics", metrics)
     return app

@@ -19,7 +19,8 @@ from gateway.app import create_app
 from gateway.policy.load import load_policy
 from gateway.policy.node import PolicyError
 from gateway.preflight import problems
-from gateway.server import bound_port, start
+from gateway.server import bound_port, start, start_admin
+from gateway.verify.service import remove_state_dir, state_dir_for
 from kvfence.logs import configure_logging
 
 log = logging.getLogger("kvfence.gateway")
@@ -33,13 +34,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
 
 
-async def _serve(args: argparse.Namespace, worker: int | None) -> None:
+async def _serve(args: argparse.Namespace, worker: int | None, state_dir: Path | None) -> None:
     policy = load_policy(args.policy)
-    app = create_app(policy, reload_from=Path(args.policy), worker=worker)
+    app = create_app(policy, reload_from=Path(args.policy), worker=worker, state_dir=state_dir)
     host = args.host or policy.gateway.listen.host
     port = policy.gateway.listen.port if args.port is None else args.port
     runner = await start(app, host, port, reuse_port=worker is not None)
-    log.info("serving", extra={"host": host, "port": bound_port(runner), "pid": os.getpid()})
+    admin = policy.gateway.admin
+    admin_runner = await start_admin(app, admin.host, admin.port, reuse_port=worker is not None)
+    log.info(
+        "serving",
+        extra={
+            "host": host,
+            "port": bound_port(runner),
+            "admin": f"{admin.host}:{bound_port(admin_runner)}",
+            "pid": os.getpid(),
+        },
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -47,19 +58,20 @@ async def _serve(args: argparse.Namespace, worker: int | None) -> None:
     try:
         await stop.wait()
     finally:
+        await admin_runner.cleanup()
         await runner.cleanup()
 
 
-def _run(args: argparse.Namespace, worker: int | None) -> None:
+def _run(args: argparse.Namespace, worker: int | None, state_dir: Path | None = None) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(_serve(args, worker))
+        asyncio.run(_serve(args, worker, state_dir))
     else:
-        uvloop.run(_serve(args, worker))
+        uvloop.run(_serve(args, worker, state_dir))
 
 
-def _child(args: argparse.Namespace, worker: int) -> int:
+def _child(args: argparse.Namespace, worker: int, state_dir: Path) -> int:
     """A worker; a stop signal that arrives before its event loop runs still exits cleanly."""
 
     def early_stop(_sig: int, _frame: object) -> None:
@@ -68,18 +80,29 @@ def _child(args: argparse.Namespace, worker: int) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, early_stop)
     try:
-        _run(args, worker)
+        _run(args, worker, state_dir)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
     return 0
 
 
 def _fork_workers(args: argparse.Namespace) -> int:
+    # One verification state directory for all workers (a private temp one unless the policy
+    # names one); made here so every worker opens the same one, and removed by this process.
+    state_dir, temporary = state_dir_for(load_policy(args.policy))
+    try:
+        return _supervise(args, state_dir)
+    finally:
+        if temporary:
+            remove_state_dir(state_dir)
+
+
+def _supervise(args: argparse.Namespace, state_dir: Path) -> int:
     children: list[int] = []
     for worker in range(1, args.workers + 1):
         pid = os.fork()
         if pid == 0:
-            os._exit(_child(args, worker))
+            os._exit(_child(args, worker, state_dir))
         children.append(pid)
 
     def forward(sig: int, _frame: object) -> None:

@@ -6,7 +6,7 @@ GatewayError
 ├── Unauthenticated (401)     ├── Forbidden (403)             ├── NotFound (404)
 ├── RequestTimeout (408)      ├── BodyTooLarge (413)          ├── NotSupported (501)
 ├── UpstreamUnavailable (502) ├── AttestationRefused (502)    ├── AuditWriteFailed (502)
-├── HandleRefused (502)       └── UpstreamTimeout (504)
+├── HandleRefused (502)       ├── BackendQuarantined (503)   └── UpstreamTimeout (504)
 """
 
 from __future__ import annotations
@@ -84,6 +84,13 @@ class HandleRefused(GatewayError):
     """Our backend refused the gateway's own handle: a key or audience misconfiguration."""
 
     status, type, code = 502, "server_error", "upstream_refused_handle"
+
+
+class BackendQuarantined(GatewayError):
+    """Every backend of the model failed an isolation check; an operator or clean canary rounds
+    release it."""
+
+    status, type, code = 503, "server_error", "backend_quarantined"
 
 
 class UpstreamTimeout(GatewayError):

@@ -5,9 +5,14 @@ Invariant: label values are bounded by the policy (tenant ids, backend names) or
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.verify.health import HealthBoard
 
 M = TypeVar("M", Counter, Histogram)
 
@@ -62,6 +67,21 @@ class Metrics:
         self.audit_failures = Counter(
             p + "audit_write_failures", "Audit records that could not be written", registry=r
         )
+        self.canary_rounds = Counter(
+            p + "canary_rounds", "Canary rounds by outcome", ["backend", "outcome"], registry=r
+        )
+        self.violations = Counter(
+            p + "violations",
+            "Isolation violations found in answers, by kind (marker, detective)",
+            ["backend", "kind"],
+            registry=r,
+        )
+        self.quarantine_transitions = Counter(
+            p + "quarantine_transitions",
+            "Backends quarantined or released",
+            ["backend", "event"],
+            registry=r,
+        )
         self._children: dict[tuple[Any, ...], Any] = {}
 
     def child(self, metric: M, *values: str) -> M:
@@ -75,3 +95,34 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class HealthCollector(Collector):
+    """Per-backend verification state, read from the board every worker shares, at scrape time."""
+
+    def __init__(self, board: HealthBoard) -> None:
+        self.board = board
+
+    def collect(self) -> Iterator[Metric]:
+        p = "kvfence_gateway_backend_"
+        quarantined = GaugeMetricFamily(
+            p + "quarantined", "1 while quarantined", labels=["backend"]
+        )
+        outcome = GaugeMetricFamily(
+            p + "canary_outcome", "1 for the last canary outcome", labels=["backend", "outcome"]
+        )
+        at = GaugeMetricFamily(
+            p + "canary_timestamp_seconds", "When the last canary round ended", labels=["backend"]
+        )
+        rounds = GaugeMetricFamily(p + "canary_rounds", "Canary rounds run", labels=["backend"])
+        found = GaugeMetricFamily(
+            p + "violations", "Violations by kind (shared count)", labels=["backend", "kind"]
+        )
+        for name, health in sorted(self.board.view.items()):
+            quarantined.add_metric([name], float(health.quarantined))
+            outcome.add_metric([name, health.canary], 1.0)
+            at.add_metric([name], health.canary_at)
+            rounds.add_metric([name], float(health.rounds))
+            for kind, count in sorted(health.violations.items()):
+                found.add_metric([name, kind], float(count))
+        yield from (quarantined, outcome, at, rounds, found)

@@ -15,15 +15,23 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway.audit.judge import UNATTESTED, Answer, AuditContext, judge
-from gateway.audit.settle import VERDICT_HEADER, audit_context, settle
+from gateway.audit.judge import UNATTESTED, is_plain_error, judge
+from gateway.audit.settle import VERDICT_HEADER, settle
 from gateway.errors import GatewayError, HandleRefused, UpstreamTimeout, UpstreamUnavailable
-from gateway.sse import usage_of
-from gateway.state import BODY, REQUEST_ID, ROUTE, RUNTIME, TIMING, UPSTREAM_HEADERS
+from gateway.exchange import Exchange
+from gateway.sse import parse_usage
+from gateway.state import (
+    BODY,
+    REQUEST_ID,
+    ROUTE,
+    RUNTIME,
+    SESSION,
+    TIMING,
+    UPSTREAM_HEADERS,
+)
 from gateway.stream_relay import SSE, read_chunk, relay_stream
 from kvfence.attestation import ATTESTATION_HEADER
 
-SESSION = web.AppKey("kvfence_upstream_session", aiohttp.ClientSession)
 log = logging.getLogger("kvfence.gateway.proxy")
 
 
@@ -58,12 +66,16 @@ async def _read_all(upstream: aiohttp.ClientResponse, idle_s: float) -> bytes:
 
 
 async def _relay_body(
-    request: web.Request, upstream: aiohttp.ClientResponse, ctx: AuditContext, answer: Answer
+    request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange
 ) -> web.Response:
+    ctx, answer = exchange.ctx, exchange.answer
     body = await _read_all(upstream, request[RUNTIME].policy.gateway.timeouts.idle_s)
     answer.attestations = list(upstream.headers.getall(ATTESTATION_HEADER, ()))
-    if upstream.status == 200:
-        answer.prompt_tokens, answer.cached_tokens = usage_of(body)
+    parsed, answer.prompt_tokens, answer.cached_tokens = parse_usage(body)
+    if not 200 <= upstream.status < 300:
+        answer.plain_error = is_plain_error(body)
+    exchange.scan.body(body, parsed)
+    exchange.finish()
     judgement = judge(ctx, answer)
     withheld = await settle(request, ctx, answer, judgement)
     request[TIMING].client_headers = time.perf_counter()
@@ -80,27 +92,29 @@ async def _relay_body(
     )
 
 
-async def _exchange(request: web.Request, ctx: AuditContext, answer: Answer) -> web.StreamResponse:
+async def _relay(request: web.Request, exchange: Exchange) -> web.StreamResponse:
     upstream = await _open(request)
     request[TIMING].upstream_headers = time.perf_counter()
-    answer.status = upstream.status
+    ctx = exchange.ctx
+    exchange.answer.status = upstream.status
     try:
         if ctx.attested and upstream.status in (401, 403):
             log.error("backend refused the handle", extra={"rid": ctx.request_id})
             raise HandleRefused(f"backend {ctx.backend.name} refused the gateway's handle")
         if upstream.status == 200 and upstream.content_type == SSE:
-            return await relay_stream(request, upstream, ctx, answer)
-        return await _relay_body(request, upstream, ctx, answer)
+            return await relay_stream(request, upstream, exchange)
+        return await _relay_body(request, upstream, exchange)
     finally:
         upstream.release()
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
-    ctx, answer = audit_context(request), Answer()
+    exchange = await Exchange.start(request)
     try:
-        return await _exchange(request, ctx, answer)
+        return await _relay(request, exchange)
     except GatewayError as exc:
-        if not answer.settled:
+        if not exchange.answer.settled:
             # Failed before an answer was settled: the record says how, then the client hears it.
+            ctx, answer = exchange.ctx, exchange.answer
             await settle(request, ctx, answer, UNATTESTED, status=exc.status, reason=exc.code)
         raise

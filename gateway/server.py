@@ -12,7 +12,9 @@ import asyncio
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from gateway.app import HOLDER
+from gateway.admin import create_admin_app
+from gateway.app import WATCH
+from gateway.state import HOLDER
 
 
 def _cap_connections(server: web.Server, limit: int) -> None:
@@ -42,6 +44,17 @@ async def start(
     assert runner.server is not None
     _cap_connections(runner.server, limits.max_connections)
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=1024)
+    await site.start()
+    return runner
+
+
+async def start_admin(
+    app: web.Application, host: str, port: int, *, reuse_port: bool = False
+) -> web.AppRunner:
+    """Start the admin listener for gateway `app` (its own port; see gateway.admin)."""
+    runner = web.AppRunner(create_admin_app(app, app[WATCH]), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
     await site.start()
     return runner
 

@@ -50,15 +50,15 @@ def split_attestation_event(event: bytes) -> tuple[str | None, bytes]:
     return (token if named and isinstance(token, str) else None), clean
 
 
-def usage_of(body: bytes) -> tuple[int | None, int | None]:
-    """(prompt_tokens, cached_tokens) of a plain JSON answer, where reported."""
-    if _USAGE not in body:
-        return None, None
+def parse_usage(body: bytes) -> tuple[Any, int | None, int | None]:
+    """A plain JSON answer parsed (None when it is not JSON), with its prompt and cached
+    tokens where reported."""
     try:
-        usage: Any = orjson.loads(body).get("usage")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None, None
-    return prompt_tokens(usage), cached_tokens(usage)
+        parsed: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None, None, None
+    usage = parsed.get("usage") if isinstance(parsed, dict) else None
+    return parsed, prompt_tokens(usage), cached_tokens(usage)
 
 
 def cached_tokens(usage: Any) -> int | None:

@@ -8,11 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from gateway.metrics import Metrics
 from gateway.policy.model import Tenant
+from gateway.policy.reload import PolicyHolder
 from gateway.policy.runtime import Route, Runtime
+from gateway.verify.service import Verification
 
 
 @dataclass(slots=True)
@@ -41,3 +44,6 @@ UPSTREAM_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey(
 )  # filters.adapter
 DROP_USAGE = web.RequestKey("kvfence_drop_usage", bool)  # filters.adapter
 METRICS = web.AppKey("kvfence_metrics", Metrics)
+VERIFY = web.AppKey("kvfence_verify", Verification)
+HOLDER = web.AppKey("kvfence_policy_holder", PolicyHolder)
+SESSION = web.AppKey("kvfence_upstream_session", aiohttp.ClientSession)

@@ -16,15 +16,17 @@ from typing import Final
 import aiohttp
 from aiohttp import web
 
-from gateway.audit.judge import Answer, AuditContext, Judgement, judge
+from gateway.audit.judge import Judgement, judge
 from gateway.audit.settle import VERDICT_HEADER, settle
 from gateway.errors import (
+    AttestationRefused,
     AuditWriteFailed,
     GatewayError,
     UpstreamTimeout,
     UpstreamUnavailable,
     error_body,
 )
+from gateway.exchange import Exchange
 from gateway.sse import UsageScanner, first_event, split_attestation_event
 from gateway.state import DROP_USAGE, REQUEST_ID, RUNTIME, TIMING
 
@@ -68,8 +70,9 @@ async def _first_event(
 
 
 async def relay_stream(
-    request: web.Request, upstream: aiohttp.ClientResponse, ctx: AuditContext, answer: Answer
+    request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange
 ) -> web.StreamResponse:
+    ctx, answer = exchange.ctx, exchange.answer
     idle_s = request[RUNTIME].policy.gateway.timeouts.idle_s
     head, pending = b"", b""
     if ctx.attested:
@@ -93,8 +96,9 @@ async def relay_stream(
     await resp.prepare(request)
     request[TIMING].client_headers = time.perf_counter()
     if head:
+        exchange.scan.events(head)
         await resp.write(head)
-    await _pump(request, upstream, resp, ctx, answer, judgement, pending)
+    await _pump(request, upstream, resp, exchange, judgement, pending)
     return resp
 
 
@@ -102,12 +106,13 @@ async def _pump(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
     resp: web.StreamResponse,
-    ctx: AuditContext,
-    answer: Answer,
+    exchange: Exchange,
     judgement: Judgement,
     pending: bytes,
 ) -> None:
-    """Relay events as they complete; hold `[DONE]` back until the answer is settled."""
+    """Relay events as they complete, each scanned before it is written; hold `[DONE]` back
+    until the whole answer is judged and settled."""
+    ctx, answer, scan = exchange.ctx, exchange.answer, exchange.scan
     scanner = UsageScanner(drop_usage=request[DROP_USAGE])
     idle_s = request[RUNTIME].policy.gateway.timeouts.idle_s
     held = b""
@@ -115,6 +120,14 @@ async def _pump(
     try:
         while True:
             out = scanner.feed(chunk) if chunk else b""
+            if out:
+                scan.events(out)
+                if scan.markers or scan.late_attestations:
+                    answer.markers, answer.late_attestations = scan.markers, scan.late_attestations
+                    judgement = judge(ctx, answer)
+                    if judgement.blocked:  # cut before this chunk reaches the client
+                        await _fail(request, resp, exchange, judgement, _refused(judgement))
+                        return
             cut = -1 if held else _done_at(out)
             if cut >= 0:
                 out, held = out[:cut], out[cut:]
@@ -126,7 +139,7 @@ async def _pump(
                 chunk = await read_chunk(upstream, idle_s)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 answer.prompt_tokens = scanner.prompt_tokens
-                await _fail(request, resp, ctx, answer, judgement, _cut_error(exc))
+                await _fail(request, resp, exchange, judgement, _cut_error(exc))
                 return
             if not chunk:
                 break
@@ -134,16 +147,18 @@ async def _pump(
         # The client went away mid-stream: the response still gets its record.
         log.info("client closed the stream", extra={"rid": ctx.request_id})
         answer.prompt_tokens, answer.cached_tokens = scanner.prompt_tokens, scanner.cached_tokens
+        left = settle(request, ctx, answer, judgement, status=CLIENT_CLOSED, reason="client_closed")
         with contextlib.suppress(AuditWriteFailed):
-            await asyncio.shield(
-                settle(
-                    request, ctx, answer, judgement, status=CLIENT_CLOSED, reason="client_closed"
-                )
-            )
+            await asyncio.shield(left)
         raise
     answer.prompt_tokens, answer.cached_tokens = scanner.prompt_tokens, scanner.cached_tokens
+    exchange.finish()
+    final = judge(ctx, answer)  # now with the usage: the accounting and the detective's check
+    if final.blocked:
+        await _fail(request, resp, exchange, final, _refused(final))
+        return
     try:
-        await settle(request, ctx, answer, judgement)
+        await settle(request, ctx, answer, final)
     except AuditWriteFailed as exc:
         await _end_with_error(resp, exc)
         return
@@ -151,6 +166,12 @@ async def _pump(
     if rest:
         await resp.write(rest)
     await resp.write_eof()
+
+
+def _refused(judgement: Judgement) -> GatewayError:
+    return AttestationRefused(
+        f"the rest of the answer was withheld: its audit verdict is {judgement.verdict.value}"
+    )
 
 
 def _cut_error(exc: BaseException) -> GatewayError:
@@ -162,11 +183,11 @@ def _cut_error(exc: BaseException) -> GatewayError:
 async def _fail(
     request: web.Request,
     resp: web.StreamResponse,
-    ctx: AuditContext,
-    answer: Answer,
+    exchange: Exchange,
     judgement: Judgement,
     error: GatewayError,
 ) -> None:
+    ctx, answer = exchange.ctx, exchange.answer
     log.warning("stream cut", extra={"rid": ctx.request_id, "error": error.code})
     with contextlib.suppress(AuditWriteFailed):  # logged and counted; the stream fails anyway
         await settle(request, ctx, answer, judgement, status=error.status, reason=error.code)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 DOMAIN_TAG: Final = b"kvfence/namespace/v1"
+CANARY_TAG: Final = b"kvfence/canary/v1"  # a separate domain: no tenant input can reach it
 KEY_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 SALT_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 MIN_SECRET_BYTES: Final = 32
@@ -72,4 +73,12 @@ def derive_namespace(
 ) -> str:
     """The namespace value: the salt sent to cache_salt backends and carried by handles."""
     digest = namespace_digest(key, tenant, scope, scope_value, model, revision)
+    return format_salt(key.key_id, digest)
+
+
+def canary_namespace(key: NamespaceKey, backend: str, model: str, arm: str, round_id: str) -> str:
+    """A reserved namespace for one arm of one canary round: derived under the gateway's key in
+    the canary domain, so no tenant, user or session value can ever produce it."""
+    fields = (CANARY_TAG.decode(), backend, model, arm, round_id)
+    digest = hmac.new(key.secret, b"".join(_field(f) for f in fields), hashlib.sha256).digest()
     return format_salt(key.key_id, digest)

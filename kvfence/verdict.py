@@ -1,6 +1,9 @@
-"""The verdict: the audit's outcome for one response, the one type both sides and the audit log
-share. Invariant: only `clean` means our backend attested that the answer used nothing but the
-request's own namespace; every other value is recorded, and under `enforce` withheld.
+"""The verdict: the audit's outcome for one response, the one type the whole project shares.
+
+Invariant: `clean` means our backend attested that the answer used nothing but the request's
+own namespace; `verified` means an external server passed its last canary round and the
+answer's reported cache hit is explained by the namespace's own history. Under `enforce`,
+`violation`, `mismatch`, `missing` and `invalid` are withheld.
 """
 
 from __future__ import annotations
@@ -14,4 +17,8 @@ class Verdict(StrEnum):
     MISMATCH = "mismatch"  # attested, but for another request id or namespace
     MISSING = "missing"  # a kvfence backend sent no attestation
     INVALID = "invalid"  # malformed, unknown key, bad signature or another backend's
-    UNATTESTED = "unattested"  # a backend kind that does not attest (or an error answer)
+    UNATTESTED = "unattested"  # nothing to attest: an error answer, or an unscoped backend
+    # External servers (vLLM, SGLang, TensorRT-LLM, Dynamo), which cannot attest:
+    VERIFIED = "verified"  # last canary isolated, and any reported hit explained
+    UNVERIFIED = "unverified"  # no canary round yet, or the last was inconclusive or stale
+    UNEXPLAINED = "unexplained"  # a reported hit the history cannot explain, not yet provable

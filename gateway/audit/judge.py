@@ -1,17 +1,23 @@
 """The judge: the one place a verdict is decided, from the request's audit context and what the
 backend returned; and the audit record that describes it. Pure: no I/O.
 
-Invariant: under `audit: enforce` only a `clean` verdict lets a kvfence backend's answer through,
-and no attestation (it lists namespace values) and no namespace ever enters a record.
+Invariant: under `audit: enforce` an answer from our backend passes only when exactly one valid
+attestation says it used nothing but the request's namespace and accounts for the cached tokens
+the answer reports; an answer from any backend that carries a live canary marker, or an
+external server's hit that the history proves foreign, is a violation. No attestation and no
+namespace ever enters a record.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
+
+import orjson
 
 from gateway.policy.model import AuditMode, Backend
+from gateway.verify.health import Health
 from kvfence.attestation import (
     Attestation,
     AttestationError,
@@ -20,6 +26,9 @@ from kvfence.attestation import (
 )
 from kvfence.namespace import namespace_label
 from kvfence.verdict import Verdict
+
+MAX_ERROR_BYTES: Final = 4096
+FRESH_ROUNDS: Final = 3  # a canary outcome counts for this many intervals
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +42,8 @@ class AuditContext:
     upstream_id: str  # the request id bound into the handle (and echoed in the attestation)
     namespace: str
     verifier: AttestationVerifier | None  # None: the backend kind does not attest
+    health: Health | None = None  # external scoped backends: the shared canary state, then
+    now: float = 0.0
 
     @property
     def attested(self) -> bool:
@@ -40,8 +51,7 @@ class AuditContext:
 
     @property
     def enforced(self) -> bool:
-        options = self.backend.kvfence
-        return options is None or options.audit is AuditMode.ENFORCE
+        return self.backend.audit is AuditMode.ENFORCE
 
 
 @dataclass(slots=True)
@@ -49,9 +59,13 @@ class Answer:
     """What the backend returned, as far as the audit needs it; the relays fill it in."""
 
     status: int = 0  # the backend's HTTP status; 0 when no answer arrived
-    attestations: list[str | None] = field(default_factory=list)  # as found, in order
+    attestations: list[str | None] = field(default_factory=list)  # header copies / first event
+    late_attestations: int = 0  # attestations in stream events after the first
+    plain_error: bool = True  # a non-2xx body holds an error object and nothing else
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    markers: int = 0  # live canary markers found in the answer's text
+    detective: Verdict | None = None  # UNEXPLAINED or VIOLATION when the hit is not explained
     settled: bool = False  # set by `settle`, which runs once per request
 
 
@@ -66,18 +80,66 @@ UNATTESTED = Judgement(Verdict.UNATTESTED)
 
 
 def judge(ctx: AuditContext, answer: Answer) -> Judgement:
-    """The verdict on `answer` and whether to withhold it. Error answers carry no generated
-    text, so only a 200 from an attesting backend has anything to attest."""
-    if ctx.verifier is None or answer.status != 200:
-        return UNATTESTED
-    token = answer.attestations[0] if answer.attestations else None
+    """The verdict on `answer` and whether to withhold it."""
+    if answer.markers:
+        return Judgement(Verdict.VIOLATION, ctx.enforced)
+    if ctx.verifier is not None:
+        return _attested(ctx, ctx.verifier, answer)
+    if ctx.backend.verify is None:
+        return UNATTESTED  # an unscoped backend: nothing to verify
+    if answer.detective is Verdict.VIOLATION:
+        return Judgement(Verdict.VIOLATION, ctx.enforced)
+    if answer.detective is Verdict.UNEXPLAINED:
+        return Judgement(Verdict.UNEXPLAINED)
+    return Judgement(Verdict.VERIFIED if _canary_isolated(ctx) else Verdict.UNVERIFIED)
+
+
+def _canary_isolated(ctx: AuditContext) -> bool:
+    canary = ctx.backend.verify.canary if ctx.backend.verify else None
+    health = ctx.health
+    if canary is None or health is None or health.canary != "isolated":
+        return False
+    return ctx.now - health.canary_at <= FRESH_ROUNDS * canary.interval_s
+
+
+def _attested(ctx: AuditContext, verifier: AttestationVerifier, answer: Answer) -> Judgement:
+    if not 200 <= answer.status < 300:
+        # Nothing generated, nothing to attest: but only a plain error object may pass.
+        return UNATTESTED if answer.plain_error else Judgement(Verdict.MISSING, ctx.enforced)
+    if len(answer.attestations) > 1 or answer.late_attestations:
+        return Judgement(Verdict.INVALID, ctx.enforced)  # duplicates are refused, never chosen
     try:
-        att = ctx.verifier.verify(token)
+        att = verifier.verify(answer.attestations[0] if answer.attestations else None)
     except AttestationError as exc:
         verdict = Verdict.MISSING if exc.code == "missing" else Verdict.INVALID
         return Judgement(verdict, ctx.enforced)
     verdict = check_attestation(att, ctx.upstream_id, ctx.namespace)
+    if verdict is Verdict.CLEAN and not _accounts(att, answer):
+        verdict = Verdict.MISMATCH
     return Judgement(verdict, verdict is not Verdict.CLEAN and ctx.enforced, att)
+
+
+def _accounts(att: Attestation, answer: Answer) -> bool:
+    """The attestation covers what the answer reports: the blocks it lists hold the prompt, and
+    the answer's prompt and cached tokens (where reported) are the attested ones."""
+    if att.prompt_tokens > 0 and not att.block_namespaces:
+        return False
+    if answer.prompt_tokens is not None and answer.prompt_tokens != att.prompt_tokens:
+        return False
+    return answer.cached_tokens is None or answer.cached_tokens == att.cached_tokens
+
+
+def is_plain_error(body: bytes) -> bool:
+    """An error answer that carries nothing but an OpenAI-style error object of short texts."""
+    if len(body) > MAX_ERROR_BYTES:
+        return False
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(data, dict) or set(data) != {"error"} or not isinstance(data["error"], dict):
+        return False
+    return all(v is None or isinstance(v, str | int) for v in data["error"].values())
 
 
 def record(
@@ -102,6 +164,7 @@ def record(
         "reason": reason,
         "prompt_tokens": answer.prompt_tokens,
         "cached_tokens": answer.cached_tokens,
+        "markers": answer.markers,
         "attestation": att.digest if att is not None else None,
         "foreign_namespaces": sorted(namespace_label(n) for n in foreign),
     }

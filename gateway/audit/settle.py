@@ -9,6 +9,7 @@ cannot be written raises `AuditWriteFailed`, so the answer fails closed.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Final
 
 from aiohttp import web
@@ -17,11 +18,21 @@ from gateway.audit.judge import Answer, AuditContext, Judgement, record
 from gateway.audit.log import AuditWriteError
 from gateway.audit.sink import AUDIT_SINK
 from gateway.errors import AttestationRefused, AuditWriteFailed, error_body
-from gateway.state import METRICS, NAMESPACE, REQUEST_ID, ROUTE, RUNTIME, TENANT, UPSTREAM_HEADERS
+from gateway.state import (
+    METRICS,
+    NAMESPACE,
+    REQUEST_ID,
+    ROUTE,
+    RUNTIME,
+    TENANT,
+    UPSTREAM_HEADERS,
+    VERIFY,
+)
+from gateway.verify.watch import Watch
 from kvfence.verdict import Verdict
 
 VERDICT_HEADER: Final = "x-kvfence-verdict"
-_QUIET: Final = frozenset({Verdict.CLEAN, Verdict.UNATTESTED})
+_QUIET: Final = frozenset({Verdict.CLEAN, Verdict.UNATTESTED, Verdict.VERIFIED, Verdict.UNVERIFIED})
 log = logging.getLogger("kvfence.gateway.audit")
 
 
@@ -35,6 +46,8 @@ def audit_context(request: web.Request) -> AuditContext:
         upstream_id=request[UPSTREAM_HEADERS]["x-request-id"],
         namespace=request[NAMESPACE],
         verifier=request[RUNTIME].attestations.get(route.backend.name),
+        health=request.app[VERIFY].health.get(route.backend.name),
+        now=time.time(),
     )
 
 
@@ -55,8 +68,7 @@ async def settle(
     refusal = None
     if judgement.blocked:
         refusal = AttestationRefused(
-            "the response was withheld: the backend's attestation verdict is "
-            + judgement.verdict.value
+            f"the response was withheld: its audit verdict is {judgement.verdict.value}"
         )
         status, reason = refusal.status, refusal.code
     final_status = answer.status if status is None else status
@@ -74,6 +86,9 @@ async def settle(
         metrics.audit_failures.inc()
         log.error("audit write failed", extra={"rid": ctx.request_id, "error": str(exc)})
         raise AuditWriteFailed("the audit record could not be written") from None
+    if judgement.verdict is Verdict.VIOLATION and ctx.verifier is None:
+        kind = "marker" if answer.markers else "detective"
+        await Watch(request.app).violation(ctx.backend, kind)
     if refusal is None:
         return None
     return web.Response(

@@ -1,11 +1,16 @@
-"""Policy check: the tenant may use the requested model, and its backend serves this path."""
+"""Policy check: the tenant may use the requested model; the first of its backends that is not
+quarantined, and serves this path, takes the request.
+
+Invariant: a quarantined backend receives no tenant traffic, and a failover stays among the
+model's backends (which the policy keeps all scoped or all unscoped).
+"""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.errors import BadRequest, Forbidden, NotSupported
-from gateway.state import BODY, ROUTE, RUNTIME, TENANT
+from gateway.errors import BackendQuarantined, BadRequest, Forbidden, NotSupported
+from gateway.state import BODY, ROUTE, RUNTIME, TENANT, VERIFY
 
 
 async def choose_route(request: web.Request) -> None:
@@ -13,10 +18,18 @@ async def choose_route(request: web.Request) -> None:
     if not isinstance(model, str) or not model:
         raise BadRequest("the request needs a model")
     runtime = request[RUNTIME]
-    route = runtime.routes.get(model)
+    routes = runtime.routes.get(model)
     # Unknown and forbidden models answer alike, so a tenant learns nothing about others' models.
-    if route is None or model not in runtime.allowed[request[TENANT].id]:
+    if routes is None or model not in runtime.allowed[request[TENANT].id]:
         raise Forbidden(f"model {model!r} is not available to this tenant")
-    if request.path not in route.adapter.paths:
+    serving = [r for r in routes if request.path in r.adapter.paths]
+    if not serving:
         raise NotSupported(f"{request.path} is not available for model {model!r}")
-    request[ROUTE] = route
+    health = request.app[VERIFY].health
+    for route in serving:
+        if not health.get(route.backend.name).quarantined:
+            request[ROUTE] = route
+            return
+    raise BackendQuarantined(
+        f"every backend serving model {model!r} is quarantined after a failed isolation check"
+    )

@@ -13,27 +13,36 @@ from pathlib import Path
 
 from gateway.adapters.registry import ADAPTERS
 from gateway.policy.keys import read_trust
-from gateway.policy.model import AuditMode, Backend, KvfenceOptions, ModelSpec
+from gateway.policy.model import AuditMode, Backend, KvfenceOptions, ModelSpec, VerifySettings
 from gateway.policy.node import Node, unique_items
 from gateway.policy.secrets import resolve
+from gateway.policy.verify import read_verify
 
 _F = frozenset
 _BACKEND_REQ = _F({"name", "kind", "url", "models"})
-_BACKEND_OPT = _F({"allow_unscoped", "api_key", "audience", "audit", "attestation_keys"})
-_KVFENCE_ONLY = _F({"audience", "audit", "attestation_keys"})
+_BACKEND_OPT = _F({"allow_unscoped", "api_key", "audience", "audit", "attestation_keys", "verify"})
+_KVFENCE_ONLY = _F({"audience", "attestation_keys"})
+_VERIFIABLE = _F({"vllm", "sglang", "trtllm", "dynamo"})  # scoped kinds that do not attest
 _NAME_RE = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 _URL_RE = re.compile(r"^https?://[^\s/?#]+/?$")
 
 
-def _models(node: Node, seen: set[str]) -> tuple[ModelSpec, ...]:
+def _models(node: Node, scoped: bool, seen: dict[str, tuple[str, bool]]) -> tuple[ModelSpec, ...]:
+    """A model may be served by several backends (failover) if they agree on its revision and
+    are all scoped or all unscoped, so a failover never lands on an unscoped backend."""
     out: list[ModelSpec] = []
     for item in node.items():
         f = item.mapping(_F({"name", "revision"}), _F())
-        name = f["name"].text(_NAME_RE)
-        if name in seen:
-            f["name"].fail(f"model {name} is already served by another entry")
-        seen.add(name)
-        out.append(ModelSpec(name, f["revision"].version_text()))
+        name, revision = f["name"].text(_NAME_RE), f["revision"].version_text()
+        if any(m.name == name for m in out):
+            f["name"].fail(f"model {name} is listed twice for this backend")
+        if name in seen and seen[name] != (revision, scoped):
+            f["name"].fail(
+                f"model {name} is served elsewhere with another revision or scoping; "
+                "backends of one model must agree on both"
+            )
+        seen[name] = (revision, scoped)
+        out.append(ModelSpec(name, revision))
     return tuple(out)
 
 
@@ -41,17 +50,21 @@ def _kvfence(f: dict[str, Node], base: Path) -> KvfenceOptions:
     for key in ("audience", "attestation_keys"):
         if key not in f:
             f["kind"].fail(f"kind kvfence needs {key}")
-    audit = AuditMode(f["audit"].choice(("enforce", "monitor"))) if "audit" in f else None
     ref, trust = read_trust(f["attestation_keys"], base)
-    return KvfenceOptions(
-        audience=f["audience"].text(),
-        attestation_keys=ref,
-        trust=trust,
-        audit=audit or AuditMode.ENFORCE,
-    )
+    return KvfenceOptions(audience=f["audience"].text(), attestation_keys=ref, trust=trust)
 
 
-def _backend(item: Node, env: Mapping[str, str], base: Path, seen: set[str]) -> Backend:
+def _verify(f: dict[str, Node], kind: str, base: Path) -> VerifySettings | None:
+    if kind not in _VERIFIABLE:
+        if "verify" in f:
+            f["verify"].fail(f"kind {kind} takes no verify settings (only {sorted(_VERIFIABLE)})")
+        return None
+    return read_verify(f["verify"], base) if "verify" in f else VerifySettings()
+
+
+def _backend(
+    item: Node, env: Mapping[str, str], base: Path, seen: dict[str, tuple[str, bool]]
+) -> Backend:
     f = item.mapping(_BACKEND_REQ, _BACKEND_OPT)
     kind = f["kind"].choice(tuple(ADAPTERS))
     for key in _KVFENCE_ONLY & f.keys():
@@ -64,14 +77,16 @@ def _backend(item: Node, env: Mapping[str, str], base: Path, seen: set[str]) -> 
         name=f["name"].text(_NAME_RE),
         kind=kind,
         url=f["url"].text(_URL_RE, "like http://host:port").rstrip("/"),
-        models=_models(f["models"], seen),
+        models=_models(f["models"], ADAPTERS[kind].scoped, seen),
         allow_unscoped=allow_unscoped,
         api_key=resolve(f["api_key"], env, base, 1) if "api_key" in f else None,
         kvfence=_kvfence(f, base) if kind == "kvfence" else None,
+        audit=AuditMode(f["audit"].choice(tuple(AuditMode))) if "audit" in f else AuditMode.ENFORCE,
+        verify=_verify(f, kind, base),
     )
 
 
 def read_backends(node: Node, env: Mapping[str, str], base: Path) -> tuple[Backend, ...]:
-    seen_models: set[str] = set()
+    seen_models: dict[str, tuple[str, bool]] = {}
     read = partial(_backend, env=env, base=base, seen=seen_models)
     return unique_items(node, read, lambda b: b.name, "backend name")

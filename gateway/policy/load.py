@@ -15,9 +15,11 @@ from typing import TypeVar
 from gateway.policy.backends import read_backends
 from gateway.policy.keys import read_audit_log, read_handle_key, read_handle_ttl
 from gateway.policy.model import (
+    AdminSettings,
     ClientInputMode,
     ClientLimits,
     GatewaySettings,
+    HistorySettings,
     Listen,
     NamespaceKeySpec,
     Policy,
@@ -26,6 +28,7 @@ from gateway.policy.model import (
 from gateway.policy.node import Bail, Node, PolicyError, compose, guarded
 from gateway.policy.secrets import resolve
 from gateway.policy.tenants import read_tenants
+from gateway.policy.verify import read_admin, read_history
 from kvfence.apikey import MIN_PEPPER_BYTES
 from kvfence.namespace import KEY_ID_RE, MIN_SECRET_BYTES
 
@@ -34,7 +37,7 @@ _TOP = _F({"version", "gateway", "backends", "tenants"})
 _GATEWAY_REQ = _F({"namespace_keys", "api_key_pepper"})
 _GATEWAY_OPT = _F(
     {"listen", "client_inputs", "timeouts", "limits", "access_log", "handle_key", "handle_ttl_s"}
-    | {"audit_log"}
+    | {"audit_log", "admin", "state_dir", "history"}
 )
 T = TypeVar("T")
 _HOST_RE = re.compile(r"^[A-Za-z0-9.:_-]+$")
@@ -111,15 +114,32 @@ def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
     handle_key = opt("handle_key", lambda n: read_handle_key(n, base), None)
     handle_ttl = opt("handle_ttl_s", read_handle_ttl, 60.0)
     audit_log = opt("audit_log", lambda n: read_audit_log(n, env, base), None)
-    read = (("handle_key", handle_key), ("audit_log", audit_log))
+    admin = opt("admin", lambda n: read_admin(n, env, base), AdminSettings())
+    state_dir = opt("state_dir", lambda n: base / n.text(), None)
+    history = opt("history", read_history, HistorySettings())
+    read = (("handle_key", handle_key), ("audit_log", audit_log), ("state_dir", state_dir))
     unread = [k for k, v in read if k in f and v is None]
-    if unread or None in (keys, pepper, listen, mode, timeouts, limits, access_log, handle_ttl):
+    needed = (keys, pepper, listen, mode, timeouts, limits, access_log, handle_ttl, admin, history)
+    if unread or None in needed:
         raise Bail()
     assert keys is not None and pepper is not None and listen is not None
     assert mode is not None and timeouts is not None and limits is not None
     assert access_log is not None and handle_ttl is not None
+    assert admin is not None and history is not None
     return GatewaySettings(
-        keys, pepper, listen, mode, timeouts, limits, access_log, handle_key, handle_ttl, audit_log
+        keys,
+        pepper,
+        listen,
+        mode,
+        timeouts,
+        limits,
+        access_log,
+        handle_key,
+        handle_ttl,
+        audit_log,
+        admin,
+        state_dir,
+        history,
     )
 
 

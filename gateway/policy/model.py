@@ -107,6 +107,26 @@ class AuditLogSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AdminSettings:
+    """The admin listener (/status, /metrics, canary rounds, quarantine release): its own port,
+    loopback by default, never the tenant listener. Actions need the bearer token."""
+
+    host: str = "127.0.0.1"
+    port: int = 8081
+    token: Secret | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HistorySettings:
+    """The detective audit's history of prompt-prefix fingerprints, shared by all workers.
+    `block_max_age_s`: how long a server may keep an unused cached block; an unexplained hit is
+    a violation only once the history reaches that far back (else it is `unexplained`)."""
+
+    capacity: int = 1 << 20
+    block_max_age_s: float = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
 class GatewaySettings:
     namespace_keys: tuple[NamespaceKeySpec, ...]
     api_key_pepper: Secret
@@ -118,6 +138,9 @@ class GatewaySettings:
     handle_key: HandleKey | None = None
     handle_ttl_s: float = 60.0
     audit_log: AuditLogSettings | None = None
+    admin: AdminSettings = AdminSettings()
+    state_dir: Path | None = None  # shared verification state; a private temp dir when unset
+    history: HistorySettings = HistorySettings()
 
     @property
     def active_key(self) -> NamespaceKeySpec:
@@ -137,7 +160,40 @@ class KvfenceOptions:
     audience: str
     attestation_keys: SecretRef
     trust: TrustStore = field(repr=False, compare=False)  # parsed from `attestation_keys`
-    audit: AuditMode = AuditMode.ENFORCE
+
+
+class OnShared(StrEnum):
+    QUARANTINE = "quarantine"
+    ALERT = "alert"
+
+
+@dataclass(frozen=True, slots=True)
+class CanarySettings:
+    """Canary rounds against one external backend: a fresh random prompt sent twice in canary
+    namespace A (the second must hit) and once in B (must not)."""
+
+    interval_s: float = 300.0
+    prompt_tokens: int = 384
+    on_shared: OnShared = OnShared.QUARANTINE
+    clean_rounds: int = 3  # clean rounds in a row that release a quarantine
+    timing_samples: int = 4  # prompts per round when the server reports no cached tokens
+
+
+@dataclass(frozen=True, slots=True)
+class DetectiveSettings:
+    """The per-answer check of reported cached tokens against the namespace's history: exact
+    with the model's tokenizer (a Hugging Face directory), else a sound upper bound."""
+
+    tokenizer: Path | None = None
+    block_size: int = 16
+    template_overhead_tokens: int = 64
+    message_overhead_tokens: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class VerifySettings:
+    canary: CanarySettings | None = CanarySettings()
+    detective: DetectiveSettings | None = DetectiveSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +205,8 @@ class Backend:
     allow_unscoped: bool = False
     api_key: Secret | None = None
     kvfence: KvfenceOptions | None = None
+    audit: AuditMode = AuditMode.ENFORCE  # what a verdict other than clean/verified does
+    verify: VerifySettings | None = None  # external scoped kinds: canaries and detective audit
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ def _adapter(policy: Policy, backend: Backend) -> Adapter:
 
 
 class Runtime:
-    """Lookup tables for one policy: key digest -> tenant, model -> route, tenant -> models."""
+    """Lookup tables for one policy: key digest -> tenant, model -> routes, tenant -> models."""
 
     __slots__ = (
         "_cache",
@@ -68,9 +68,12 @@ class Runtime:
             for b in policy.backends
             if b.kvfence is not None
         }
-        self.routes = {
-            m.name: Route(b, m, adapters[b.name]) for b in policy.backends for m in b.models
-        }
+        # Model -> its routes in policy order: the first backend not quarantined serves it.
+        routes: dict[str, list[Route]] = {}
+        for b in policy.backends:
+            for m in b.models:
+                routes.setdefault(m.name, []).append(Route(b, m, adapters[b.name]))
+        self.routes = {name: tuple(found) for name, found in routes.items()}
         self._cache: dict[tuple[str, str, str, str], str] = {}
         # aiohttp's share of the upstream deadlines; the first byte has its own (see proxy).
         self.upstream_timeout = aiohttp.ClientTimeout(

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from backend.model.load import LoadedModel
 from gateway.audit.sink import AUDIT_SINK
+from gateway.state import METRICS
 from kvfence.attestation import ATTESTATION_HEADER, AttestationSigner
 from kvfence.cli import main as kvfence_main
 from kvfence.handle import HANDLE_HEADER, HandleSigner, HandleVerifier
@@ -199,7 +200,7 @@ async def test_a_good_fake_attestation_passes(keys: Keys) -> None:
     async with running_stack(fake.app, keys, "tiny") as stack:
         resp = await stack.post("acme", completion(stream=True), path="/v1/completions")
         assert resp.status == 200 and b"SECRET" in await resp.read()
-        metrics = await (await stack.session.get(stack.url + "/metrics")).text()
+        metrics = stack.gateway[METRICS].render().decode()
         assert 'kvfence_gateway_verdicts_total{backend="own",verdict="clean"} 1.0' in metrics
 
 
@@ -211,7 +212,7 @@ async def test_an_audit_log_that_cannot_be_written_fails_answers_closed(stack: S
     streamed = await stack.post("acme", completion(stream=True), path="/v1/completions")
     raw = await streamed.read()
     assert b"event: error" in raw and b"[DONE]" not in raw
-    metrics = await (await stack.session.get(stack.url + "/metrics")).text()
+    metrics = stack.gateway[METRICS].render().decode()
     assert "kvfence_gateway_audit_write_failures_total 2.0" in metrics
 
 

@@ -15,6 +15,7 @@ from gateway.app import create_app
 from gateway.policy.load import parse_policy
 from gateway.policy.model import Policy
 from gateway.server import bound_port, start
+from gateway.state import METRICS
 from kvfence.apikey import key_digest, mint_key
 from tests.fakes.openai_upstream import FakeUpstream
 
@@ -45,6 +46,7 @@ def policy_text(url: str, *, mode: str = "strip", active: str = "ns1", extra: st
           - name: fake-vllm
             kind: vllm
             url: {url}
+            verify: {{canary: false}}
             models: [{{name: smollm2, revision: "1"}}, {{name: other, revision: "2"}}]
         tenants:
           - {{id: acme, api_keys: ["{digest("acme")}"], scope: tenant, models: [smollm2]}}
@@ -69,6 +71,10 @@ class Gateway:
     upstream: FakeUpstream
     app: web.Application
     session: aiohttp.ClientSession
+
+    async def metrics(self) -> str:
+        """What the admin listener's /metrics would show (rendered in-process)."""
+        return self.app[METRICS].render().decode()
 
     def auth(self, tenant: str) -> dict[str, str]:
         return {"authorization": f"Bearer {KEYS[tenant]}"}

@@ -108,8 +108,10 @@ async def test_request_id_propagated_or_generated(gw: Gateway) -> None:
 async def test_health_and_metrics(gw: Gateway) -> None:
     assert (await gw.session.get(gw.url + "/healthz")).status == 200
     assert (await gw.session.get(gw.url + "/readyz")).status == 200
+    # Metrics list tenant ids: they live on the admin listener, never on the tenant port.
+    assert (await gw.session.get(gw.url + "/metrics")).status == 404
     await gw.chat("acme", {"model": "smollm2", "messages": MSG, "cache_salt": "x"})
-    text = await (await gw.session.get(gw.url + "/metrics")).text()
+    text = await gw.metrics()
     assert (
         'kvfence_gateway_requests_total{backend="fake-vllm",status="200",tenant="acme"} 1.0' in text
     )

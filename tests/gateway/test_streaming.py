@@ -30,7 +30,7 @@ async def test_usage_chunk_added_for_audit_and_hidden(gw: Gateway, split: bool) 
     events = sse_events(include_usage=True)
     assert got == b"".join(events[:-2] + events[-1:])  # everything but the usage event
     assert got.endswith(b"data: [DONE]\n\n")
-    metrics = await (await gw.session.get(gw.url + "/metrics")).text()
+    metrics = await gw.metrics()
     assert f'kvfence_gateway_cached_tokens_total{{tenant="acme"}} {CACHED_TOKENS}.0' in metrics
 
 

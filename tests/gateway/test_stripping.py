@@ -14,7 +14,7 @@ MSG = [{"role": "user", "content": "hi"}]
 
 async def expected_salt(gw: Gateway, tenant: str, scope_value: str = "") -> str:
     runtime = Runtime(make_policy(gw.upstream.url))
-    route = runtime.routes["smollm2"]
+    route = runtime.routes["smollm2"][0]
     tenant_obj = next(t for t in runtime.policy.tenants if t.id == tenant)
     return runtime.namespace(tenant_obj, scope_value, route)
 

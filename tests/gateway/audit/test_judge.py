@@ -3,11 +3,21 @@ that its record carries labels, never a namespace or an attestation."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 import pytest
 
-from gateway.audit.judge import Answer, AuditContext, judge, record
-from gateway.policy.model import AuditMode, Backend, KvfenceOptions, ModelSpec, SecretRef
+from gateway.audit.judge import Answer, AuditContext, is_plain_error, judge, record
+from gateway.policy.model import (
+    AuditMode,
+    Backend,
+    KvfenceOptions,
+    ModelSpec,
+    SecretRef,
+    VerifySettings,
+)
+from gateway.verify.health import Health
 from kvfence.attestation import AttestationSigner, AttestationVerifier
 from kvfence.keyfile import TrustStore, generate_key
 from kvfence.namespace import namespace_label
@@ -17,43 +27,59 @@ KEY = generate_key()
 TRUST = TrustStore({"be": KEY.public_key()})
 SIGNER = AttestationSigner(KEY, "be", "backend-1")
 NS, OTHER = "ns1.tenant-a", "ns1.tenant-b"
+NOW = 1_800_000_000.0
 
 
-def context(mode: AuditMode = AuditMode.ENFORCE, kind: str = "kvfence") -> AuditContext:
-    options = KvfenceOptions("backend-1", SecretRef("file", "t.json"), TRUST, mode)
+def context(
+    mode: AuditMode = AuditMode.ENFORCE, kind: str = "kvfence", health: Health | None = None
+) -> AuditContext:
+    options = KvfenceOptions("backend-1", SecretRef("file", "t.json"), TRUST)
+    ours = kind == "kvfence"
     backend = Backend(
-        "own",
-        kind,
-        "http://b",
-        (ModelSpec("m", "1"),),
-        kvfence=options if kind == "kvfence" else None,
-    )
-    verifier = AttestationVerifier(TRUST, "backend-1") if kind == "kvfence" else None
-    return AuditContext("rid", "acme", "m", backend, "rid.up", NS, verifier)
+        "b", kind, "http://b", (ModelSpec("m", "1"),),
+        kvfence=options if ours else None,
+        audit=mode,
+        verify=VerifySettings() if kind == "vllm" else None,
+    )  # fmt: skip
+    verifier = AttestationVerifier(TRUST, "backend-1") if ours else None
+    return AuditContext("rid", "acme", "m", backend, "rid.up", NS, verifier, health, NOW)
 
 
-def attested(*blocks: str, rid: str = "rid.up", ns: str = NS) -> Answer:
-    token = SIGNER.sign(rid, ns, 40, 16 if blocks else 0, blocks)
-    return Answer(status=200, attestations=[token], prompt_tokens=40, cached_tokens=16)
+def attested(*blocks: str, rid: str = "rid.up", ns: str = NS, cached: int = 16) -> Answer:
+    token = SIGNER.sign(rid, ns, 40, cached, blocks)
+    return Answer(status=200, attestations=[token], prompt_tokens=40, cached_tokens=cached)
 
 
 @pytest.mark.parametrize(
     ("answer", "verdict"),
     [
         (attested(NS), Verdict.CLEAN),
-        (attested(), Verdict.CLEAN),
         (attested(NS, OTHER), Verdict.VIOLATION),
         (attested(NS, rid="another"), Verdict.MISMATCH),
         (attested(NS, ns=OTHER), Verdict.MISMATCH),
         (Answer(status=200), Verdict.MISSING),
         (Answer(status=200, attestations=[None]), Verdict.MISSING),
         (Answer(status=200, attestations=["kva1.garbage.x"]), Verdict.INVALID),
+        # An empty block list cannot hold a 40-token prompt, whatever cached_tokens says.
+        (attested(cached=0), Verdict.MISMATCH),
+        # The answer must report exactly what was attested.
+        (dataclasses.replace(attested(NS), cached_tokens=32), Verdict.MISMATCH),
+        (dataclasses.replace(attested(NS), prompt_tokens=41), Verdict.MISMATCH),
+        # Two attestations (duplicate headers), or one in a later stream event: refused.
+        (Answer(status=200, attestations=attested(NS).attestations * 2), Verdict.INVALID),
+        (dataclasses.replace(attested(NS), late_attestations=1), Verdict.INVALID),
+        # Any 2xx must be attested; an error passes only as a plain error object.
+        (Answer(status=201), Verdict.MISSING),
+        (Answer(status=500, plain_error=False), Verdict.MISSING),
+        (Answer(status=500), Verdict.UNATTESTED),
+        # A live canary marker in the text is a leak whatever the attestation says.
+        (dataclasses.replace(attested(NS), markers=1), Verdict.VIOLATION),
     ],
 )
-def test_only_a_clean_attestation_passes_under_enforce(answer: Answer, verdict: Verdict) -> None:
+def test_only_a_clean_accounted_attestation_passes(answer: Answer, verdict: Verdict) -> None:
     enforced = judge(context(), answer)
     assert enforced.verdict is verdict
-    assert enforced.blocked is (verdict is not Verdict.CLEAN)
+    assert enforced.blocked is (verdict not in (Verdict.CLEAN, Verdict.UNATTESTED))
     monitored = judge(context(AuditMode.MONITOR), answer)
     assert monitored.verdict is verdict and not monitored.blocked
 
@@ -64,10 +90,46 @@ def test_another_backends_attestation_is_invalid() -> None:
     assert (judgement.verdict, judgement.blocked) == (Verdict.INVALID, True)
 
 
-def test_external_kinds_and_error_answers_are_unattested() -> None:
-    assert judge(context(kind="vllm"), Answer(status=200)).verdict is Verdict.UNATTESTED
-    assert not judge(context(kind="vllm"), Answer(status=200)).blocked
-    assert judge(context(), Answer(status=500)).verdict is Verdict.UNATTESTED
+@pytest.mark.parametrize(
+    ("health", "answer", "verdict", "blocked"),
+    [
+        (None, Answer(status=200), Verdict.UNVERIFIED, False),
+        (Health("isolated", NOW - 10), Answer(status=200), Verdict.VERIFIED, False),
+        (Health("isolated", NOW - 3600), Answer(status=200), Verdict.UNVERIFIED, False),
+        (Health("inconclusive", NOW - 10), Answer(status=200), Verdict.UNVERIFIED, False),
+        (
+            Health("isolated", NOW),
+            Answer(200, detective=Verdict.UNEXPLAINED),
+            Verdict.UNEXPLAINED,
+            False,
+        ),
+        (
+            Health("isolated", NOW),
+            Answer(200, detective=Verdict.VIOLATION),
+            Verdict.VIOLATION,
+            True,
+        ),
+        (Health("isolated", NOW), Answer(200, markers=1), Verdict.VIOLATION, True),
+    ],
+)
+def test_external_verdicts_say_what_was_verified(
+    health: Health | None, answer: Answer, verdict: Verdict, blocked: bool
+) -> None:
+    judgement = judge(context(kind="vllm", health=health), answer)
+    assert (judgement.verdict, judgement.blocked) == (verdict, blocked)
+
+
+def test_unscoped_backends_are_unattested_but_markers_still_count() -> None:
+    assert judge(context(kind="tgi"), Answer(status=200)).verdict is Verdict.UNATTESTED
+    assert judge(context(kind="tgi"), Answer(status=200, markers=2)).verdict is Verdict.VIOLATION
+
+
+def test_plain_errors() -> None:
+    assert is_plain_error(b'{"error": {"message": "bad", "type": "x", "code": null}}')
+    assert not is_plain_error(b'{"error": {"message": "bad"}, "choices": []}')
+    assert not is_plain_error(b'{"error": {"message": {"text": "nested"}}}')
+    assert not is_plain_error(b"The capital of France is Paris.")
+    assert not is_plain_error(b'{"error": {"message": "' + b"x" * 5000 + b'"}}')
 
 
 def test_the_record_carries_labels_never_namespaces_or_tokens() -> None:

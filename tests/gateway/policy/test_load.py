@@ -35,7 +35,7 @@ def test_example_shape_loads() -> None:
         (
             "scope: user,",
             "scope: team,",
-            ":21: tenants[2].scope: must be one of tenant, user, session",
+            ":22: tenants[2].scope: must be one of tenant, user, session",
         ),
         (
             "client_inputs: strip",
@@ -92,6 +92,7 @@ def test_several_errors_reported_at_once() -> None:
 
 def test_unscoped_backend_needs_allow_unscoped() -> None:
     text = policy_text(URL).replace("kind: vllm", "kind: llamacpp\n    allow_unscoped: true")
+    text = text.replace("verify: {canary: false}", "")
     policy = parse_policy(text, "policy.yaml", env=ENV)
     assert policy.backends[0].allow_unscoped
 
@@ -118,7 +119,7 @@ def test_kvfence_backend_fields(tmp_path: Path) -> None:
     policy = parse_policy(text, "policy.yaml", env=ENV, base=tmp_path)
     own = policy.backends[1]
     assert own.kvfence is not None and own.kvfence.audience == "backend-1"
-    assert own.kvfence.audit is AuditMode.MONITOR
+    assert own.audit is AuditMode.MONITOR
     assert str(own.kvfence.attestation_keys) == "{file: trust.pem}"
     assert policy.gateway.handle_key is not None and policy.gateway.handle_key.id == "h1"
     missing = text.replace("    audience: backend-1\n", "")
@@ -154,7 +155,7 @@ def test_policy_check_cli(
     bad.write_text(policy_text(URL).replace("scope: user,", "scope: team,"))
     assert kvfence_main(["policy", "check", str(bad)]) == 1
     assert (
-        f"{bad}:21: tenants[2].scope: must be one of tenant, user, session"
+        f"{bad}:22: tenants[2].scope: must be one of tenant, user, session"
         in capsys.readouterr().err
     )
 

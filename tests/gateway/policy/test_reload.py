@@ -18,7 +18,7 @@ async def _salt(gw: Gateway) -> str:
 
 
 async def _metric(gw: Gateway, line: str) -> bool:
-    return line in await (await gw.session.get(gw.url + "/metrics")).text()
+    return line in await gw.metrics()
 
 
 def _write(path: Path, text: str) -> None:

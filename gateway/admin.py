@@ -1,0 +1,114 @@
+"""The admin listener: operational endpoints on their own port (loopback by default), never on
+the tenant listener. `GET /status` and `GET /metrics` need the admin token when one is set;
+actions (`POST /canary/{backend}`, `POST /quarantine/{backend}/release`) always need it.
+
+Invariant: no tenant API key opens anything here, and no route here exists on the tenant port.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from gateway.state import HOLDER, METRICS, VERIFY
+from gateway.verify.watch import Watch
+
+GATEWAY = web.AppKey("kvfence_gateway_app", web.Application)
+WATCH_OF = web.AppKey("kvfence_admin_watch", Watch)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    return _json({"error": {"message": message, "type": "admin_error", "code": code}}, status)
+
+
+@web.middleware
+async def authorize(request: web.Request, handler: Handler) -> web.StreamResponse:
+    token = request.app[GATEWAY][HOLDER].runtime.policy.gateway.admin.token
+    if token is None:
+        if request.method != "GET":
+            return _error(403, "admin_token_required", "set gateway.admin.token to allow actions")
+        return await handler(request)
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.value):
+        return _error(401, "invalid_admin_token", "send Authorization: Bearer <admin token>")
+    return await handler(request)
+
+
+async def status(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    policy = gateway[HOLDER].runtime.policy
+    board = gateway[VERIFY].health
+    now = time.time()
+    backends = {}
+    for backend in policy.backends:
+        health = board.get(backend.name)
+        backends[backend.name] = {
+            "kind": backend.kind,
+            "url": backend.url,
+            "models": [m.name for m in backend.models],
+            "verified": backend.verify is not None,
+            **health.as_json(),
+            "canary_age_s": round(now - health.canary_at, 1) if health.canary_at else None,
+        }
+    history = gateway[VERIFY].store
+    return _json(
+        {
+            "policy": policy.summary(),
+            "backends": backends,
+            "history": {"complete_since": history.complete_since},
+        }
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[GATEWAY][METRICS].render()
+    return web.Response(body=body, content_type="text/plain")
+
+
+def _backend_name(request: web.Request) -> str | None:
+    name = request.match_info["backend"]
+    policy = request.app[GATEWAY][HOLDER].runtime.policy
+    return name if any(b.name == name for b in policy.backends) else None
+
+
+async def canary(request: web.Request) -> web.Response:
+    name = _backend_name(request)
+    policy = request.app[GATEWAY][HOLDER].runtime.policy
+    backend = next((b for b in policy.backends if b.name == name), None)
+    if backend is None or backend.verify is None or backend.verify.canary is None:
+        return _error(404, "no_canary", "no such backend with canaries")
+    results = await request.app[WATCH_OF].round(backend)
+    health = request.app[GATEWAY][VERIFY].health.get(backend.name)
+    rounds = [
+        {"model": r.model, "outcome": r.outcome.value, "reason": r.reason, "by": r.by}
+        for r in results
+    ]
+    return _json({"backend": backend.name, "rounds": rounds, "health": health.as_json()})
+
+
+async def release(request: web.Request) -> web.Response:
+    name = _backend_name(request)
+    if name is None:
+        return _error(404, "no_backend", "no such backend")
+    after = await request.app[WATCH_OF].release(name)
+    return _json({"backend": name, "health": after.as_json()})
+
+
+def create_admin_app(gateway: web.Application, watch: Watch) -> web.Application:
+    app = web.Application(middlewares=[authorize])
+    app[GATEWAY] = gateway
+    app[WATCH_OF] = watch
+    app.router.add_get("/status", status)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/canary/{backend}", canary)
+    app.router.add_post("/quarantine/{backend}/release", release)
+    return app

@@ -1,0 +1,110 @@
+"""Per-backend verification state that every gateway worker shares: the last canary outcome,
+rounds, violations, and whether the backend is quarantined. A small JSON file in the state
+directory, changed under an exclusive lock and re-read by every worker within `REFRESH_S`.
+
+Invariant: a change is a read-modify-write under the lock, so two workers never lose each
+other's updates; readers see either the old or the new file, never a torn one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import fcntl
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+REFRESH_S: Final = 0.25  # how stale a worker's view may be (workers agree within this)
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    canary: str = "none"  # none | isolated | shared | inconclusive
+    canary_at: float = 0.0
+    canary_reason: str = ""
+    rounds: int = 0
+    clean_streak: int = 0  # isolated rounds in a row
+    quarantined: bool = False
+    quarantine_reason: str = ""
+    quarantined_at: float = 0.0
+    violations: Mapping[str, int] = field(default_factory=dict)  # by kind
+
+    def as_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Health:
+        if not isinstance(data, dict):
+            return cls()
+        known = {f.name for f in dataclasses.fields(cls)}
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError:
+            return cls()
+
+
+class HealthBoard:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock_path = path.with_name(path.name + ".lock")
+        self._seen: tuple[int, int, int] | None = None
+        self.view: dict[str, Health] = {}
+        self._load()
+
+    def get(self, backend: str) -> Health:
+        return self.view.get(backend) or Health()
+
+    def _load(self) -> None:
+        """Blocking: re-read the file when it changed."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return
+        seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if seen == self._seen:
+            return
+        try:
+            data = orjson.loads(self.path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return  # replaced under us; the next refresh reads the new file
+        self._seen = seen
+        if isinstance(data, dict):
+            self.view = {str(k): Health.from_json(v) for k, v in data.items()}
+
+    async def watch(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            await asyncio.to_thread(self._load)
+
+    def update_sync(
+        self, backend: str, change: Callable[[Health], Health]
+    ) -> tuple[Health, Health]:
+        """Apply `change` to the backend's state under the lock; returns (before, after)."""
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._seen = None
+            self._load()
+            before = self.get(backend)
+            after = change(before)
+            view = {**self.view, backend: after}
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(orjson.dumps({k: v.as_json() for k, v in view.items()}))
+            os.replace(tmp, self.path)
+            self.view = view
+            return before, after
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    async def update(
+        self, backend: str, change: Callable[[Health], Health]
+    ) -> tuple[Health, Health]:
+        return await asyncio.to_thread(self.update_sync, backend, change)

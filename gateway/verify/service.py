@@ -1,0 +1,59 @@
+"""What one gateway worker holds for verification: the shared history (detective), the shared
+backend health board, the marker key, and the state directory they live in.
+
+Invariant: every worker of one gateway opens the same state directory, so a quarantine decided
+by one worker is honoured by all of them within `health.REFRESH_S`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from gateway.policy.model import Policy
+from gateway.verify.detective import Detective
+from gateway.verify.health import HealthBoard
+from gateway.verify.markers import MarkerKey
+from gateway.verify.store import FingerprintStore
+
+log = logging.getLogger("kvfence.gateway.verify")
+
+
+def state_dir_for(policy: Policy) -> tuple[Path, bool]:
+    """The policy's state directory (created 0700), or a fresh private temp directory; the flag
+    says whether it is temporary (removed by whoever made it)."""
+    configured = policy.gateway.state_dir
+    if configured is None:
+        return Path(tempfile.mkdtemp(prefix="kvfence-state-")), True
+    configured.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return configured, False
+
+
+class Verification:
+    def __init__(self, policy: Policy, state_dir: Path) -> None:
+        secret = hmac.new(
+            policy.gateway.active_key.secret.value, b"kvfence verify v1", hashlib.sha256
+        ).digest()
+        history = policy.gateway.history
+        self.state_dir = state_dir
+        self.store = FingerprintStore(state_dir / "history.bin", history.capacity)
+        self.detective = Detective(self.store, secret, history)
+        self.health = HealthBoard(state_dir / "health.json")
+        self.markers = MarkerKey(secret)
+        self.canary_lock = state_dir / "canary.lock"
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def remove_state_dir(path: Path) -> None:
+    """Remove a temporary state directory (only its creator calls this)."""
+    if path.name.startswith("kvfence-state-") and path.parent == Path(tempfile.gettempdir()):
+        shutil.rmtree(path, ignore_errors=True)
+    else:  # pragma: no cover - never a configured directory
+        log.warning("not removing state directory", extra={"path": os.fspath(path)})

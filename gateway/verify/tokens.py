@@ -1,0 +1,77 @@
+"""Exact-mode tokenization for the detective audit: the model's own tokenizer and chat template
+(a Hugging Face directory named by the policy), rendering a request the way the server does.
+
+Invariant: the result is used only when its token count equals the prompt tokens the server
+reports for the same request; any disagreement falls back to the sound upper bound.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+class TokenizerError(ValueError):
+    """The tokenizer directory cannot be used (named in the policy, checked at load)."""
+
+
+class ChatTokenizer:
+    def __init__(self, folder: Path) -> None:
+        try:
+            import jinja2.sandbox
+            from tokenizers import Tokenizer
+        except ImportError as exc:  # pragma: no cover - both ship with kvfence[gateway]
+            raise TokenizerError(f"exact mode needs {exc.name}: install kvfence[gateway]") from exc
+        try:
+            self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            config = _config(folder)
+        except (OSError, ValueError, orjson.JSONDecodeError) as exc:
+            raise TokenizerError(f"{folder}: cannot load the tokenizer: {exc}") from exc
+        source = _template(folder, config)
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self._template = env.from_string(source) if source else None
+        self._errors = jinja2.TemplateError
+        self._specials = {
+            k: _token_text(config.get(k)) for k in ("bos_token", "eos_token", "unk_token")
+        }
+
+    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int] | None:
+        """The prompt ids of a chat request, or None when it cannot be rendered here."""
+        if self._template is None:
+            return None
+        try:
+            text = self._template.render(
+                messages=messages, add_generation_prompt=True, **self._specials
+            )
+        except (self._errors, TypeError, ValueError, LookupError, AttributeError):
+            return None  # a request this template cannot render: the caller uses the bound
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def text_ids(self, text: str, special: bool = True) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=special).ids)
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return {}
+    data = orjson.loads(path.read_bytes())
+    return data if isinstance(data, dict) else {}
+
+
+def _template(folder: Path, config: dict[str, Any]) -> str | None:
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: the default one
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    return template if isinstance(template, str) else None
+
+
+def _token_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return str(value.get("content", ""))
+    return value if isinstance(value, str) else ""
