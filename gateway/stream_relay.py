@@ -115,7 +115,7 @@ async def _pump(
     ctx, answer, scan = exchange.ctx, exchange.answer, exchange.scan
     scanner = UsageScanner(drop_usage=request[DROP_USAGE])
     idle_s = request[RUNTIME].policy.gateway.timeouts.idle_s
-    held = b""
+    held, suspect = b"", b""
     chunk = pending
     try:
         while True:
@@ -128,6 +128,8 @@ async def _pump(
                     if judgement.blocked:  # cut before this chunk reaches the client
                         await _fail(request, resp, exchange, judgement, _refused(judgement))
                         return
+                # Text that may be the start of a canary marker waits for the next events.
+                out, suspect = (b"", suspect + out) if scan.marker_started else (suspect + out, b"")
             cut = -1 if held else _done_at(out)
             if cut >= 0:
                 out, held = out[:cut], out[cut:]
@@ -162,7 +164,7 @@ async def _pump(
     except AuditWriteFailed as exc:
         await _end_with_error(resp, exc)
         return
-    rest = held + scanner.tail()
+    rest = suspect + held + scanner.tail()
     if rest:
         await resp.write(rest)
     await resp.write_eof()

@@ -26,6 +26,7 @@ from gateway.verify.markers import MarkerKey
 from kvfence.namespace import NamespaceKey, canary_namespace
 
 CLEAR_GAP = 0.7  # a hit is "clearly" faster: at most this share of a miss's first-token time
+NEAR = 0.3  # B's median within this share of the hit-miss gap of one side: it is that side
 
 
 class Outcome(StrEnum):
@@ -73,15 +74,17 @@ def decide(samples: Sequence[Sample]) -> tuple[Outcome, str, str]:
     miss = [s.first.ttft_s for s in samples]
     hit = [s.repeat.ttft_s for s in samples]
     other = [s.other.ttft_s for s in samples]
-    if not (max(hit) < min(miss) and statistics.median(hit) <= CLEAR_GAP * statistics.median(miss)):
+    slow, fast = statistics.median(miss), statistics.median(hit)
+    if not (max(hit) < min(miss) and fast <= CLEAR_GAP * slow):
         return (
             Outcome.INCONCLUSIVE,
             "no cached-token count, and A's repeats were not clearly faster than its first sends",
             "timing",
         )
-    if max(other) < min(miss) and statistics.median(other) <= CLEAR_GAP * statistics.median(miss):
+    gap, typical = slow - fast, statistics.median(other)
+    if max(other) < min(miss) and typical <= fast + NEAR * gap:
         return Outcome.SHARED, "B's first-token times look like A's cache hits", "timing"
-    if min(other) > max(hit) and statistics.median(other) > CLEAR_GAP * statistics.median(miss):
+    if min(other) > max(hit) and typical >= slow - NEAR * gap:
         return Outcome.ISOLATED, "B's first-token times look like misses", "timing"
     return Outcome.INCONCLUSIVE, "B's first-token times fall between hits and misses", "timing"
 

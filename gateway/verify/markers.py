@@ -15,6 +15,7 @@ from typing import Final
 
 PREFIX: Final = "kvfc"
 _BODY = re.compile(r"kvfc([0-9a-f]{8})([0-9a-f]{12})")
+_STARTED = re.compile(r"kvfc[0-9a-f]{0,19}$")  # text that may still become a marker
 MARKER_LEN: Final = 4 + 8 + 12
 LIVE_S: Final = 24 * 3600.0
 
@@ -69,3 +70,8 @@ class MarkerScanner:
         self.found += [m for m in self._key.find(window) if m not in self.found]
         self._tail = window[-(MARKER_LEN - 1) :]
         return bool(self.found)
+
+    @property
+    def started(self) -> bool:
+        """The text so far ends with what may still become a marker: hold it back."""
+        return "kvfc" in self._tail and _STARTED.search(self._tail) is not None

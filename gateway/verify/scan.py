@@ -41,6 +41,11 @@ class AnswerScan:
         return len(self._scanner.found) if self._scanner is not None else 0
 
     @property
+    def marker_started(self) -> bool:
+        """The text so far ends with the start of what may be a marker."""
+        return self._scanner is not None and self._scanner.started
+
+    @property
     def text(self) -> str | None:
         """The answer's text, when it was short enough to keep."""
         return "".join(self._parts) if self._keep else None

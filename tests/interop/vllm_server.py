@@ -37,6 +37,8 @@ class VllmConfig:
     model_dir: Path = MODEL_DIR
     served_model: str = SERVED_MODEL
     kv_cache_gib: int = 2
+    # 256 blocks of 128 tokens: small enough that the tests see evictions within minutes.
+    kv_blocks: int | None = 256
     max_model_len: int = 4096
     ready_timeout_s: float = 300.0
     extra_args: tuple[str, ...] = field(default_factory=tuple)
@@ -79,6 +81,7 @@ def vllm_command(cfg: VllmConfig, port: int) -> list[str]:
         "bfloat16",
         "--max-model-len",
         str(cfg.max_model_len),
+        *(("--num-gpu-blocks-override", str(cfg.kv_blocks)) if cfg.kv_blocks else ()),
         *cfg.extra_args,
     ]
 

@@ -1,0 +1,185 @@
+"""Verification over real HTTP with fake servers that cache: a canary marker leaked into another
+tenant's answer is caught (plain and streamed), a sharing backend is quarantined and its model
+fails over, workers agree through the shared state, and the admin listener is the only way in."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from gateway.app import create_app
+from gateway.policy.load import parse_policy
+from gateway.server import bound_port, start, start_admin
+from gateway.state import VERIFY
+from gateway.verify.health import Health
+from tests.fakes.cache_server import CacheServer
+from tests.gateway.conftest import ENV, KEYS, digest
+from tests.polling import until
+
+TOKEN = "admin-token-0123456789abcdef"
+CANARY = "{canary: {interval_s: 3600, prompt_tokens: 64}}"
+
+
+def policy(servers: list[str], state_dir: Path, *, token: bool = True) -> str:
+    backends = "".join(
+        f"""
+  - name: b{i}
+    kind: vllm
+    url: {url}
+    verify: {CANARY}
+    models: [{{name: smollm2, revision: "1"}}]"""
+        for i, url in enumerate(servers)
+    )
+    admin = "{host: 127.0.0.1, port: 0, token: {env: ADMIN}}" if token else "{port: 0}"
+    return (
+        textwrap.dedent(f"""\
+        version: 1
+        gateway:
+          namespace_keys: [{{id: ns1, secret: {{env: NS_KEY}}, active: true}}]
+          api_key_pepper: {{env: PEPPER}}
+          admin: {admin}
+          state_dir: {state_dir}
+          access_log: false
+        backends:""")
+        + backends
+        + textwrap.dedent(f"""
+        tenants:
+          - {{id: acme, api_keys: ["{digest("acme")}"], scope: tenant, models: [smollm2]}}
+          - {{id: globex, api_keys: ["{digest("globex")}"], scope: tenant, models: [smollm2]}}
+        """)
+    )
+
+
+class Gw:
+    def __init__(self, app: web.Application, url: str, admin: str, http: aiohttp.ClientSession):
+        self.app, self.url, self.admin_url, self.http = app, url, admin, http
+
+    def health(self, name: str = "b0") -> Health:
+        return self.app[VERIFY].health.get(name)
+
+    async def chat(self, tenant: str, text: str, stream: bool = False) -> aiohttp.ClientResponse:
+        body: dict[str, Any] = {"model": "smollm2", "stream": stream,
+                                "messages": [{"role": "user", "content": text}]}  # fmt: skip
+        headers = {"authorization": f"Bearer {KEYS[tenant]}"}
+        return await self.http.post(self.url + "/v1/chat/completions", json=body, headers=headers)
+
+    async def admin(self, method: str, path: str, token: str | None = TOKEN) -> int:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        async with self.http.request(method, self.admin_url + path, headers=headers) as resp:
+            return resp.status
+
+
+@asynccontextmanager
+async def gateway(text: str, state_dir: Path | None = None) -> AsyncIterator[Gw]:
+    app = create_app(parse_policy(text, "v.yaml", env={**ENV, "ADMIN": TOKEN}), state_dir=state_dir)
+    runner = await start(app, "127.0.0.1", 0)
+    admin = await start_admin(app, "127.0.0.1", 0)
+    async with aiohttp.ClientSession() as http:
+        try:
+            yield Gw(
+                app,
+                f"http://127.0.0.1:{bound_port(runner)}",
+                f"http://127.0.0.1:{bound_port(admin)}",
+                http,
+            )
+        finally:
+            await admin.cleanup()
+            await runner.cleanup()
+
+
+@asynccontextmanager
+async def servers(*kinds: dict[str, bool]) -> AsyncIterator[list[CacheServer]]:
+    started = [CacheServer(**kind) for kind in kinds]
+    for server in started:
+        await server.start()
+    try:
+        yield started
+    finally:
+        for server in started:
+            await server.close()
+
+
+async def rounds_done(gw: Gw, *names: str) -> None:
+    await until(lambda: all(gw.health(n).rounds for n in names), what="the first canary rounds")
+
+
+async def test_a_leaked_marker_is_caught_in_a_plain_and_a_streamed_answer(tmp_path: Path) -> None:
+    async with (
+        servers({"leak_markers": True}) as [fake],
+        gateway(policy([fake.url], tmp_path)) as gw,
+    ):
+        await rounds_done(gw, "b0")
+        assert gw.health().canary == "isolated"  # the counters say nothing is shared
+        resp = await gw.chat("acme", "hello")
+        body = await resp.text()
+        assert resp.status == 502 and "kvfc" not in body
+        assert resp.headers["x-kvfence-verdict"] == "violation"
+        assert gw.health().quarantined and gw.health().violations == {"marker": 1}
+        assert await gw.admin("POST", "/quarantine/b0/release") == 200
+        stream = await gw.chat("globex", "hello again", stream=True)
+        raw = await stream.read()
+        assert stream.status == 200  # headers went out before the marker arrived
+        assert b"event: error" in raw and b"[DONE]" not in raw
+        delivered = "".join(
+            orjson.loads(event[6:])["choices"][0]["delta"]["content"]
+            for event in raw.split(b"\n\n")
+            if event.startswith(b"data: {") and b'"content"' in event
+        )
+        assert delivered.startswith("I remember") and "kvfc" not in delivered
+        assert gw.health().quarantined
+
+
+async def test_a_sharing_backend_is_quarantined_and_its_model_fails_over(tmp_path: Path) -> None:
+    async with (
+        servers({"shared": True}, {}) as [sharing, honest],
+        gateway(policy([sharing.url, honest.url], tmp_path)) as gw,
+    ):
+        await rounds_done(gw, "b0", "b1")
+        assert gw.health("b0").quarantined and gw.health("b0").canary == "shared"
+        assert not gw.health("b1").quarantined and gw.health("b1").canary == "isolated"
+        before = len(sharing.served)
+        for tenant in ("acme", "globex", "acme"):
+            resp = await gw.chat(tenant, "route me")
+            assert resp.status == 200 and resp.headers["x-kvfence-verdict"] == "verified"
+        assert len(sharing.served) == before  # tenant traffic never reached the sharing one
+
+
+async def test_workers_agree_on_a_quarantine_through_the_state_dir(tmp_path: Path) -> None:
+    async with servers({}) as [fake]:
+        text = policy([fake.url], tmp_path)
+        async with gateway(text, tmp_path) as one, gateway(text, tmp_path) as two:
+            await rounds_done(one, "b0")
+            assert (await two.chat("acme", "hi")).status == 200
+            await one.app[VERIFY].health.update("b0", lambda h: Health(quarantined=True))
+            await until(lambda: two.health().quarantined, what="the other worker's view")
+            assert (await two.chat("acme", "hi")).status == 503
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "PUT", "DELETE"])
+async def test_operational_paths_are_not_on_the_tenant_port(tmp_path: Path, method: str) -> None:
+    async with servers({}) as [fake], gateway(policy([fake.url], tmp_path)) as gw:
+        for path in ("/status", "/metrics", "/canary/b0", "/quarantine/b0/release"):
+            headers = {"authorization": f"Bearer {KEYS['acme']}"}
+            async with gw.http.request(method, gw.url + path, headers=headers) as resp:
+                assert resp.status == 404, (method, path)
+
+
+async def test_the_admin_listener_needs_its_token_not_a_tenant_key(tmp_path: Path) -> None:
+    async with servers({}) as [fake], gateway(policy([fake.url], tmp_path)) as gw:
+        assert await gw.admin("GET", "/status", token=KEYS["acme"]) == 401
+        assert await gw.admin("POST", "/quarantine/b0/release", token=KEYS["acme"]) == 401
+        assert await gw.admin("GET", "/status") == 200
+        assert await gw.admin("GET", "/metrics") == 200
+        assert await gw.admin("POST", "/canary/b0") == 200
+        assert await gw.admin("POST", "/canary/nope") == 404
+    async with servers({}) as [fake], gateway(policy([fake.url], tmp_path, token=False)) as gw:
+        assert await gw.admin("GET", "/status", token=None) == 200  # loopback, read-only
+        assert await gw.admin("POST", "/quarantine/b0/release", token=None) == 403

@@ -1,0 +1,102 @@
+"""Zero false violations: a randomized, honest multi-tenant workload through the real gateway
+(two workers) in front of the real vLLM, with evictions (vLLM holds 256 blocks), a gateway
+restart that keeps its state, and one that loses it while vLLM keeps its cache."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+
+from kvfence.apikey import key_digest, mint_key
+from tests.interop.gateway_process import gateway_process
+from tests.interop.vllm_server import MODEL_DIR, SERVED_MODEL, free_port
+from tests.interop.workload import Tally, Tenant, Workload, run, sentence
+
+pytestmark = pytest.mark.vllm
+
+PEPPER = "honest-pepper-0123456789"
+ENV = {"NS_KEY": "honest-namespace-key-0123456789abcdef", "PEPPER": PEPPER}
+SCOPES = {"acme": "tenant", "globex": "tenant", "initech": "user", "umbrella": "session"}
+
+
+def policy(vllm: str, state: Path, port: int, admin: int, max_age: int) -> str:
+    tenants = "".join(
+        f'\n  - {{id: {t}, api_keys: ["{key_digest(PEPPER.encode(), KEYS[t])}"], '
+        f"scope: {scope}, models: [{SERVED_MODEL}]}}"
+        for t, scope in SCOPES.items()
+    )
+    return (
+        textwrap.dedent(f"""\
+        version: 1
+        gateway:
+          listen: {{host: 127.0.0.1, port: {port}}}
+          admin: {{host: 127.0.0.1, port: {admin}}}
+          state_dir: {state}
+          history: {{block_max_age_s: {max_age}}}
+          namespace_keys: [{{id: ns1, secret: {{env: NS_KEY}}, active: true}}]
+          api_key_pepper: {{env: PEPPER}}
+          timeouts: {{connect_s: 5, first_byte_s: 300, idle_s: 120}}
+          access_log: false
+        backends:
+          - name: vllm
+            kind: vllm
+            url: {vllm}
+            verify:
+              canary: {{interval_s: 3600, prompt_tokens: 300}}
+              detective: {{tokenizer: {MODEL_DIR}, block_size: 128}}
+            models: [{{name: {SERVED_MODEL}, revision: "1"}}]
+        tenants:""")
+        + tenants
+        + "\n"
+    )
+
+
+KEYS = {t: mint_key() for t in SCOPES}
+
+
+async def status(admin: int) -> dict[str, object]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{admin}/status") as resp,
+    ):
+        return dict(orjson.loads(await resp.read())["backends"]["vllm"])
+
+
+def clean(tally: Tally) -> None:
+    assert tally.statuses == {200: tally.requests}, tally
+    assert tally.verdicts["violation"] == 0 and tally.verdicts["stream-error"] == 0, tally
+
+
+async def test_honest_traffic_never_gets_a_violation(vllm_url: str, tmp_path: Path) -> None:
+    rng_system = Workload([], SERVED_MODEL, 0).rng
+    tenants = [
+        Tenant(t, KEYS[t], scope, f"You are {t}'s assistant. " + sentence(rng_system, 60))
+        for t, scope in SCOPES.items()
+    ]
+    work = Workload(tenants, SERVED_MODEL, seed=7)
+    port, admin = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    kept = tmp_path / "policy.yaml"
+    kept.write_text(policy(vllm_url, tmp_path / "state", port, admin, max_age=0))
+    with gateway_process(kept, url, env=ENV):
+        first = await run(work, url, 240)
+    with gateway_process(kept, url, env=ENV):  # restarted: the history stays on disk
+        second = await run(work, url, 120)
+        health = await status(admin)
+    for tally in (first, second):
+        clean(tally)
+        assert tally.verdicts["unexplained"] == 0, tally
+    assert first.cached > 10 and second.cached > 10  # the workload really hits its cache
+    assert health["violations"] == {} and not health["quarantined"]
+    lost = tmp_path / "lost.yaml"  # restarted with its history lost; vLLM keeps its cache
+    lost.write_text(policy(vllm_url, tmp_path / "fresh", port, admin, max_age=3600))
+    with gateway_process(lost, url, env=ENV):
+        third = await run(work, url, 80)
+        health = await status(admin)
+    clean(third)
+    assert third.verdicts["unexplained"] > 0  # hits on what only the lost history knew
+    assert health["violations"] == {} and not health["quarantined"]
