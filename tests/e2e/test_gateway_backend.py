@@ -16,6 +16,7 @@ from kvfence.cli import main as kvfence_main
 from kvfence.handle import HandleSigner
 from kvfence.keyfile import load_private_key
 from kvfence.namespace import NamespaceKey, derive_namespace
+from tests.concurrent_sessions import alone_then_together
 from tests.e2e.stack import AUDIENCE, Keys, Stack, make_backend, make_keys, running_stack
 
 pytestmark = pytest.mark.slow
@@ -161,3 +162,16 @@ async def test_the_openai_client_through_the_gateway(stack: Stack) -> None:
     finally:
         await client.close()
     assert [r["verdict"] for r in records(stack)] == ["clean", "clean"]
+
+
+async def test_two_concurrent_sessions_share_batches_and_nothing_else(stack: Stack) -> None:
+    async def post(tenant: str, body: dict[str, Any]) -> Any:
+        return await stack.post(tenant, body)
+
+    alone, together, secret = await alone_then_together(post, "smollm2", ("acme", "globex"))
+    assert [a.text for a in together] == [a.text for a in alone]  # batched == alone, greedy
+    for got in (*alone, *together):
+        assert (got.status, got.verdict) == (200, "clean"), got
+        other = secret["globex" if got.tenant == "acme" else "acme"]
+        assert other not in got.text
+    assert {r["verdict"] for r in records(stack)} == {"clean"}

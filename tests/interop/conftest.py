@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 
-from tests.interop.vllm_server import missing_reason, running_vllm
+from tests.interop.vllm_server import VllmConfig, missing_reason, running_vllm
 
 
 def _required() -> bool:
@@ -36,6 +36,16 @@ def vllm_url() -> Iterator[str]:
     if reason is not None:
         pytest.fail(f"KVFENCE_REQUIRE_VLLM=1 but {reason}", pytrace=False)
     with running_vllm() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def uncached_vllm_url() -> Iterator[str]:
+    """A second real vLLM with prefix caching off (started once, for the tests that need it)."""
+    reason = missing_reason()
+    if reason is not None:
+        pytest.fail(f"KVFENCE_REQUIRE_VLLM=1 but {reason}", pytrace=False)
+    with running_vllm(VllmConfig(extra_args=("--no-enable-prefix-caching",))) as url:
         yield url
 
 

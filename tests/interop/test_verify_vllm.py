@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
+from tests.concurrent_sessions import alone_then_together
 from tests.fakes.salt_dropping_proxy import RewritingProxy
-from tests.interop.verified import Verified, policy_text, verified_gateway
-from tests.interop.vllm_server import MODEL_DIR
+from tests.interop.verified import KEYS, Verified, policy_text, verified_gateway
+from tests.interop.vllm_server import MODEL_DIR, SERVED_MODEL
 from tests.polling import until
 
 pytestmark = pytest.mark.vllm
@@ -108,3 +111,34 @@ async def test_without_usage_the_canary_finds_sharing_by_timing(
         await first_round(gw)
         health = gw.health()
         assert health.canary == "shared" and "first-token" in health.canary_reason, health
+
+
+async def test_two_concurrent_sessions_through_vllm_share_nothing(
+    vllm_url: str, tmp_path: Path
+) -> None:
+    async with verified_gateway(policy_text(vllm_url, tmp_path)) as gw:
+        await first_round(gw)
+
+        async def post(tenant: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+            headers = {"authorization": f"Bearer {KEYS[tenant]}"}
+            return await gw.session.post(
+                gw.url + "/v1/chat/completions", json=body, headers=headers
+            )
+
+        alone, together, secret = await alone_then_together(post, SERVED_MODEL, ("acme", "globex"))
+    assert [a.text for a in together] == [a.text for a in alone]
+    for got in (*alone, *together):
+        assert (got.status, got.verdict) == (200, "verified"), got
+        assert secret["globex" if got.tenant == "acme" else "acme"] not in got.text
+
+
+async def test_caching_off_is_inconclusive_never_isolated(
+    uncached_vllm_url: str, tmp_path: Path
+) -> None:
+    async with verified_gateway(policy_text(uncached_vllm_url, tmp_path)) as gw:
+        await first_round(gw)
+        health = gw.health()
+        assert health.canary == "inconclusive" and "no cached tokens" in health.canary_reason
+        assert not health.quarantined  # an alert, never a pass and never a quarantine
+        resp = await gw.chat("acme", fresh_text())
+        assert resp.status == 200 and resp.headers["x-kvfence-verdict"] == "unverified"
