@@ -143,11 +143,13 @@ gateway:
     - {{id: bench, secret: {{env: KVFENCE_BENCH_NS_KEY}}, active: true}}
   api_key_pepper: {{env: KVFENCE_BENCH_PEPPER}}
   limits: {{max_connections: 8192, max_body_bytes: 4194304}}
+  admin: {{port: 0}}
   access_log: false
 backends:
   - name: fake
     kind: vllm
     url: http://127.0.0.1:{upstream_port}
+    verify: {{canary: false}}  # the fake has no cache; the detective and marker scan stay on
     models: [{{name: {MODEL}, revision: "1"}}]
 tenants:
   - id: bench

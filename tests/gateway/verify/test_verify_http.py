@@ -4,6 +4,7 @@ fails over, workers agree through the shared state, and the admin listener is th
 
 from __future__ import annotations
 
+import asyncio
 import textwrap
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,6 +21,7 @@ from gateway.policy.load import parse_policy
 from gateway.server import bound_port, start, start_admin
 from gateway.state import VERIFY
 from gateway.verify.health import Health
+from kvfence.cli import main as kvfence_main
 from tests.fakes.cache_server import CacheServer
 from tests.gateway.conftest import ENV, KEYS, digest
 from tests.polling import until
@@ -183,3 +185,20 @@ async def test_the_admin_listener_needs_its_token_not_a_tenant_key(tmp_path: Pat
     async with servers({}) as [fake], gateway(policy([fake.url], tmp_path, token=False)) as gw:
         assert await gw.admin("GET", "/status", token=None) == 200  # loopback, read-only
         assert await gw.admin("POST", "/quarantine/b0/release", token=None) == 403
+
+
+async def test_the_admin_cli_releases_a_quarantine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with servers({"shared": True}) as [fake], gateway(policy([fake.url], tmp_path)) as gw:
+        await rounds_done(gw, "b0")
+        assert gw.health().quarantined
+        base = ["admin", "--url", gw.admin_url, "--token-env", "GW_ADMIN"]
+        monkeypatch.setenv("GW_ADMIN", "wrong-token-0123456789")
+        assert await asyncio.to_thread(kvfence_main, [*base, "release", "b0"]) == 1
+        monkeypatch.setenv("GW_ADMIN", TOKEN)
+        assert await asyncio.to_thread(kvfence_main, [*base, "status"]) == 0
+        assert '"quarantined": true' in capsys.readouterr().out
+        assert await asyncio.to_thread(kvfence_main, [*base, "release", "b0"]) == 0
+        assert not gw.health().quarantined
+        assert TOKEN not in capsys.readouterr().out
