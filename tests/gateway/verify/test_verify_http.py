@@ -30,7 +30,7 @@ TOKEN = "admin-token-0123456789abcdef"
 CANARY = "{canary: {interval_s: 3600, prompt_tokens: 64}}"
 
 
-def policy(servers: list[str], state_dir: Path, *, token: bool = True) -> str:
+def policy(servers: list[str], state_dir: Path, *, token: bool = True, audit: bool = False) -> str:
     backends = "".join(
         f"""
   - name: b{i}
@@ -41,6 +41,8 @@ def policy(servers: list[str], state_dir: Path, *, token: bool = True) -> str:
         for i, url in enumerate(servers)
     )
     admin = "{host: 127.0.0.1, port: 0, token: {env: ADMIN}}" if token else "{port: 0}"
+    audit_log = f"\n          audit_log: {{path: {state_dir}/audit.jsonl, key: {{env: ADMIN}}}}"
+    audit_log = audit_log if audit else ""
     return (
         textwrap.dedent(f"""\
         version: 1
@@ -49,7 +51,7 @@ def policy(servers: list[str], state_dir: Path, *, token: bool = True) -> str:
           api_key_pepper: {{env: PEPPER}}
           admin: {admin}
           state_dir: {state_dir}
-          access_log: false
+          access_log: false{audit_log}
         backends:""")
         + backends
         + textwrap.dedent(f"""
@@ -202,3 +204,25 @@ async def test_the_admin_cli_releases_a_quarantine(
         assert await asyncio.to_thread(kvfence_main, [*base, "release", "b0"]) == 0
         assert not gw.health().quarantined
         assert TOKEN not in capsys.readouterr().out
+
+
+async def test_transitions_are_audit_logged_and_shown_in_metrics(tmp_path: Path) -> None:
+    async with (
+        servers({"shared": True}) as [fake],
+        gateway(policy([fake.url], tmp_path, audit=True)) as gw,
+    ):
+        await rounds_done(gw, "b0")
+        assert await gw.admin("POST", "/quarantine/b0/release") == 200
+        async with gw.http.get(
+            gw.admin_url + "/metrics", headers={"authorization": f"Bearer {TOKEN}"}
+        ) as resp:
+            metrics = await resp.text()
+    rows = [orjson.loads(line) for line in (tmp_path / "audit.jsonl").read_bytes().splitlines()]
+    events = [(r["event"], r["backend"]) for r in rows if "event" in r]
+    assert events == [("quarantine", "b0"), ("release", "b0")]
+    assert 'kvfence_gateway_backend_quarantined{backend="b0"} 0.0' in metrics
+    assert 'kvfence_gateway_backend_canary_outcome{backend="b0",outcome="shared"} 1.0' in metrics
+    assert 'kvfence_gateway_quarantine_transitions_total{backend="b0",event="quarantine"} 1.0' in (
+        metrics
+    )
+    assert 'kvfence_gateway_backend_violations{backend="b0",kind="canary"} 1.0' in metrics
