@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import re
 import time
@@ -21,20 +22,25 @@ from aiohttp import web
 
 from gateway.adapters.base import PROXIED_PATHS
 from gateway.audit.sink import AUDIT_SINK, AuditSink, audit_sink_ctx
-from gateway.errors import GatewayError, NotFound, error_body
+from gateway.errors import GatewayError, NotFound, Overloaded, error_body
 from gateway.filters.adapter import inject
 from gateway.filters.authn import authenticate
 from gateway.filters.body import read_body
+from gateway.filters.limit import admit
 from gateway.filters.namespace import derive
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
+from gateway.limits import SharedLimits
 from gateway.metrics import HealthCollector, Metrics
 from gateway.policy.model import Policy
 from gateway.policy.reload import PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
 from gateway.proxy import forward
 from gateway.state import (
+    ADMITTED,
     HOLDER,
+    IN_FLIGHT,
+    LIMITS,
     METRICS,
     REQUEST_ID,
     ROUTE,
@@ -42,7 +48,9 @@ from gateway.state import (
     SESSION,
     TENANT,
     TIMING,
+    USED_TOKENS,
     VERIFY,
+    InFlight,
     Timing,
 )
 from gateway.verify.service import Verification, remove_state_dir, state_dir_for
@@ -52,6 +60,7 @@ from kvfence.logs import redact_headers
 Filter = Callable[[web.Request], Awaitable[None]]
 CHAIN: Final[tuple[Filter, ...]] = (
     authenticate,
+    admit,
     read_body,
     choose_route,
     scrub_client_inputs,
@@ -65,9 +74,17 @@ log = logging.getLogger("kvfence.gateway")
 
 
 async def proxied(request: web.Request) -> web.StreamResponse:
-    for step in CHAIN:
-        await step(request)
-    return await forward(request)
+    held, cap = request.app[IN_FLIGHT], request[RUNTIME].policy.gateway.limits.max_in_flight
+    if held.count >= cap:
+        request.app[METRICS].overloaded.inc()
+        raise Overloaded("the gateway is at its in-flight limit; retry shortly", 1.0)
+    held.count += 1
+    try:
+        for step in CHAIN:
+            await step(request)
+        return await forward(request)
+    finally:
+        held.count -= 1
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -85,11 +102,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def _error(error: GatewayError, rid: str) -> web.Response:
+    headers = {"x-request-id": rid}
+    if error.retry_after_s is not None:
+        headers["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))
     return web.Response(
         body=error_body(error),
         status=error.status,
         content_type="application/json",
-        headers={"x-request-id": rid},
+        headers=headers,
     )
 
 
@@ -146,6 +166,8 @@ async def frame(
         status = 404
         return _error(NotFound(f"no route for {request.method} {request.path}"), rid)
     finally:
+        if request.get(ADMITTED):
+            request.app[LIMITS].release(request[TENANT].id, request.get(USED_TOKENS, 0))
         _finish(request, status, timing)
 
 
@@ -174,6 +196,7 @@ def _verify_ctx(temporary: bool) -> Callable[[web.Application], AsyncIterator[No
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         verification.close()
+        app[LIMITS].close()
         if temporary:
             remove_state_dir(verification.state_dir)
 
@@ -187,11 +210,13 @@ def create_app(
     reload_interval_s: float = 1.0,
     worker: int | None = None,
     state_dir: Path | None = None,
+    generation: float | None = None,
 ) -> web.Application:
     """The gateway for `policy`; with `reload_from`, it follows that file and SIGHUP. `worker`
     numbers one of several processes sharing the port (it writes its own audit log chain);
-    `state_dir` is the verification state they share (default: the policy's, else a private
-    temporary one)."""
+    `state_dir` is the state they share (verification, tenant limits; default: the policy's,
+    else a private temporary one), and `generation` names their start (limits left by an
+    earlier start are reset)."""
     app = web.Application(middlewares=[frame])
     app[HOLDER] = PolicyHolder(Runtime(policy))
     app[METRICS] = Metrics()
@@ -201,6 +226,8 @@ def create_app(
         state_dir, temporary = state_dir_for(policy)
     app[VERIFY] = Verification(policy, state_dir)
     app[METRICS].registry.register(HealthCollector(app[VERIFY].health))
+    app[LIMITS] = SharedLimits(state_dir / "limits.bin", generation or time.time())
+    app[IN_FLIGHT] = InFlight()
     app[WATCH] = Watch(app)
     app.cleanup_ctx.append(_session_ctx)
     app.cleanup_ctx.append(audit_sink_ctx)

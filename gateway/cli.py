@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from gateway.app import create_app
@@ -24,6 +25,7 @@ from gateway.verify.service import remove_state_dir, state_dir_for
 from kvfence.logs import configure_logging
 
 log = logging.getLogger("kvfence.gateway")
+GENERATION = time.time()  # this start of the gateway; forked workers inherit it
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -34,9 +36,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
 
 
-async def _serve(args: argparse.Namespace, worker: int | None, state_dir: Path | None) -> None:
+async def _serve(
+    args: argparse.Namespace, worker: int | None, state_dir: Path | None, generation: float
+) -> None:
     policy = load_policy(args.policy)
-    app = create_app(policy, reload_from=Path(args.policy), worker=worker, state_dir=state_dir)
+    app = create_app(
+        policy,
+        reload_from=Path(args.policy),
+        worker=worker,
+        state_dir=state_dir,
+        generation=generation,
+    )
     host = args.host or policy.gateway.listen.host
     port = policy.gateway.listen.port if args.port is None else args.port
     runner = await start(app, host, port, reuse_port=worker is not None)
@@ -63,12 +73,13 @@ async def _serve(args: argparse.Namespace, worker: int | None, state_dir: Path |
 
 
 def _run(args: argparse.Namespace, worker: int | None, state_dir: Path | None = None) -> None:
+    serve = _serve(args, worker, state_dir, GENERATION)
     try:
         import uvloop
     except ImportError:
-        asyncio.run(_serve(args, worker, state_dir))
+        asyncio.run(serve)
     else:
-        uvloop.run(_serve(args, worker, state_dir))
+        uvloop.run(serve)
 
 
 def _child(args: argparse.Namespace, worker: int, state_dir: Path) -> int:

@@ -4,7 +4,8 @@ an error becomes OpenAI-style JSON, and `gateway.app`'s middleware the one place
 GatewayError
 ├── BadRequest (400)          ├── ClientInputRejected (400)   ├── MissingScopeValue (400)
 ├── Unauthenticated (401)     ├── Forbidden (403)             ├── NotFound (404)
-├── RequestTimeout (408)      ├── BodyTooLarge (413)          ├── NotSupported (501)
+├── RequestTimeout (408)      ├── BodyTooLarge (413)          ├── RateLimited (429)
+├── NotSupported (501)        ├── Overloaded (503)
 ├── UpstreamUnavailable (502) ├── AttestationRefused (502)    ├── AuditWriteFailed (502)
 ├── HandleRefused (502)       ├── BackendQuarantined (503)   └── UpstreamTimeout (504)
 """
@@ -17,15 +18,17 @@ import orjson
 
 
 class GatewayError(Exception):
-    """A local answer. `message` is shown to the client: never put a key or prompt in it."""
+    """A local answer. `message` is shown to the client: never put a key or prompt in it.
+    `retry_after_s`, when set, is sent as `Retry-After` (whole seconds, rounded up)."""
 
     status: ClassVar[int] = 500
     type: ClassVar[str] = "server_error"
     code: ClassVar[str] = "internal_error"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.retry_after_s = retry_after_s
 
 
 class BadRequest(GatewayError):
@@ -50,6 +53,10 @@ class Forbidden(GatewayError):
 
 class NotFound(GatewayError):
     status, type, code = 404, "invalid_request_error", "not_found"
+
+
+class RateLimited(GatewayError):
+    status, type, code = 429, "rate_limit_error", "rate_limit_exceeded"
 
 
 class RequestTimeout(GatewayError):
@@ -84,6 +91,12 @@ class HandleRefused(GatewayError):
     """Our backend refused the gateway's own handle: a key or audience misconfiguration."""
 
     status, type, code = 502, "server_error", "upstream_refused_handle"
+
+
+class Overloaded(GatewayError):
+    """The gateway holds as many requests as it may (`limits.max_in_flight`)."""
+
+    status, type, code = 503, "server_error", "overloaded"
 
 
 class BackendQuarantined(GatewayError):

@@ -67,6 +67,15 @@ class Metrics:
         self.audit_failures = Counter(
             p + "audit_write_failures", "Audit records that could not be written", registry=r
         )
+        self.limited = Counter(
+            p + "limited",
+            "Requests refused by a tenant limit (429)",
+            ["tenant", "reason"],
+            registry=r,
+        )
+        self.overloaded = Counter(
+            p + "overloaded", "Requests refused at the in-flight cap (503)", registry=r
+        )
         self.canary_rounds = Counter(
             p + "canary_rounds", "Canary rounds by outcome", ["backend", "outcome"], registry=r
         )

@@ -71,7 +71,8 @@ async def _relay_body(
     ctx, answer = exchange.ctx, exchange.answer
     body = await _read_all(upstream, request[RUNTIME].policy.gateway.timeouts.idle_s)
     answer.attestations = list(upstream.headers.getall(ATTESTATION_HEADER, ()))
-    parsed, answer.prompt_tokens, answer.cached_tokens = parse_usage(body)
+    parsed, usage = parse_usage(body)
+    answer.read_usage(usage)
     if not 200 <= upstream.status < 300:
         answer.plain_error = is_plain_error(body)
     exchange.scan.body(body, parsed)

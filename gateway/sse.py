@@ -27,6 +27,18 @@ def prompt_tokens(usage: Any) -> int | None:
     return None
 
 
+def total_tokens(usage: Any) -> int | None:
+    """Prompt plus completion tokens (what a tokens-per-minute limit charges), if reported."""
+    if not isinstance(usage, dict):
+        return None
+    if isinstance(usage.get("total_tokens"), int):
+        return int(usage["total_tokens"])
+    parts = [usage.get(k) for k in ("prompt_tokens", "completion_tokens", "input_tokens",
+                                    "output_tokens")]  # fmt: skip
+    counted = [p for p in parts if isinstance(p, int)]
+    return sum(counted) if counted else None
+
+
 def first_event(buf: bytes) -> tuple[bytes, bytes] | None:
     """The first complete event (without its blank line) and the bytes after it, or None."""
     ends = [(i, n) for i, n in ((buf.find(b"\n\n"), 2), (buf.find(b"\r\n\r\n"), 4)) if i >= 0]
@@ -50,15 +62,13 @@ def split_attestation_event(event: bytes) -> tuple[str | None, bytes]:
     return (token if named and isinstance(token, str) else None), clean
 
 
-def parse_usage(body: bytes) -> tuple[Any, int | None, int | None]:
-    """A plain JSON answer parsed (None when it is not JSON), with its prompt and cached
-    tokens where reported."""
+def parse_usage(body: bytes) -> tuple[Any, Any]:
+    """A plain JSON answer parsed (None when it is not JSON), and its usage object."""
     try:
         parsed: Any = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None, None, None
-    usage = parsed.get("usage") if isinstance(parsed, dict) else None
-    return parsed, prompt_tokens(usage), cached_tokens(usage)
+        return None, None
+    return parsed, parsed.get("usage") if isinstance(parsed, dict) else None
 
 
 def cached_tokens(usage: Any) -> int | None:
@@ -89,12 +99,13 @@ def _data(event: bytes) -> Any:
 class UsageScanner:
     """Feed upstream chunks; get back what to send the client and learn `cached_tokens`."""
 
-    __slots__ = ("_buf", "cached_tokens", "drop_usage", "prompt_tokens")
+    __slots__ = ("_buf", "cached_tokens", "drop_usage", "prompt_tokens", "total_tokens")
 
     def __init__(self, drop_usage: bool) -> None:
         self.drop_usage = drop_usage
         self.cached_tokens: int | None = None
         self.prompt_tokens: int | None = None
+        self.total_tokens: int | None = None
         self._buf = b""
 
     def feed(self, chunk: bytes) -> bytes:
@@ -124,6 +135,7 @@ class UsageScanner:
     def _record(self, usage: Any) -> None:
         self.cached_tokens = cached_tokens(usage)
         self.prompt_tokens = prompt_tokens(usage)
+        self.total_tokens = total_tokens(usage)
 
     def tail(self) -> bytes:
         """Bytes after the last complete event (sent as they are when the stream ends)."""

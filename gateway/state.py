@@ -11,11 +11,19 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from gateway.limits import SharedLimits
 from gateway.metrics import Metrics
 from gateway.policy.model import Tenant
 from gateway.policy.reload import PolicyHolder
 from gateway.policy.runtime import Route, Runtime
 from gateway.verify.service import Verification
+
+
+@dataclass(slots=True)
+class InFlight:
+    """Proxied requests this worker holds now (for `limits.max_in_flight`)."""
+
+    count: int = 0
 
 
 @dataclass(slots=True)
@@ -43,7 +51,11 @@ UPSTREAM_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey(
     "kvfence_upstream_headers", dict
 )  # filters.adapter
 DROP_USAGE = web.RequestKey("kvfence_drop_usage", bool)  # filters.adapter
+ADMITTED = web.RequestKey("kvfence_admitted", bool)  # filters.limit: release at the end
+USED_TOKENS = web.RequestKey("kvfence_used_tokens", int)  # audit.settle: what the answer used
 METRICS = web.AppKey("kvfence_metrics", Metrics)
 VERIFY = web.AppKey("kvfence_verify", Verification)
 HOLDER = web.AppKey("kvfence_policy_holder", PolicyHolder)
+LIMITS = web.AppKey("kvfence_limits", SharedLimits)
+IN_FLIGHT = web.AppKey("kvfence_in_flight", InFlight)
 SESSION = web.AppKey("kvfence_upstream_session", aiohttp.ClientSession)

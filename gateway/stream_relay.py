@@ -154,6 +154,7 @@ async def _pump(
             await asyncio.shield(left)
         raise
     answer.prompt_tokens, answer.cached_tokens = scanner.prompt_tokens, scanner.cached_tokens
+    answer.total_tokens = scanner.total_tokens
     exchange.finish()
     final = judge(ctx, answer)  # now with the usage: the accounting and the detective's check
     if final.blocked:

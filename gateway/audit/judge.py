@@ -17,6 +17,7 @@ from typing import Any, Final
 import orjson
 
 from gateway.policy.model import AuditMode, Backend
+from gateway.sse import cached_tokens, prompt_tokens, total_tokens
 from gateway.verify.health import Health
 from kvfence.attestation import (
     Attestation,
@@ -64,9 +65,15 @@ class Answer:
     plain_error: bool = True  # a non-2xx body holds an error object and nothing else
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    total_tokens: int | None = None  # prompt + completion, for a tokens-per-minute limit
     markers: int = 0  # live canary markers found in the answer's text
     detective: Verdict | None = None  # UNEXPLAINED or VIOLATION when the hit is not explained
     settled: bool = False  # set by `settle`, which runs once per request
+
+    def read_usage(self, usage: Any) -> None:
+        self.prompt_tokens = prompt_tokens(usage)
+        self.cached_tokens = cached_tokens(usage)
+        self.total_tokens = total_tokens(usage)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from gateway.state import (
     RUNTIME,
     TENANT,
     UPSTREAM_HEADERS,
+    USED_TOKENS,
     VERIFY,
 )
 from gateway.verify.watch import Watch
@@ -72,6 +73,8 @@ async def settle(
         )
         status, reason = refusal.status, refusal.code
     final_status = answer.status if status is None else status
+    if answer.total_tokens:
+        request[USED_TOKENS] = answer.total_tokens
     metrics = request.app[METRICS]
     metrics.child(metrics.verdicts, ctx.backend.name, judgement.verdict.value).inc()
     if answer.cached_tokens:

@@ -78,6 +78,7 @@ class ClientLimits:
     body_timeout_s: float = 30.0
     max_body_bytes: int = 4 * 1024 * 1024
     max_connections: int = 1024
+    max_in_flight: int = 512  # proxied requests at once per worker; beyond: 503 + Retry-After
 
 
 class FsyncMode(StrEnum):
@@ -210,12 +211,27 @@ class Backend:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """What one tenant may use, across every worker of the gateway (0: no limit)."""
+
+    requests_per_s: float = 0.0
+    burst: float = 0.0  # the requests a full bucket allows at once (default: one second's)
+    concurrent: int = 0  # requests in flight
+    tokens_per_min: int = 0  # prompt + completion tokens, charged from each answer's usage
+
+    @property
+    def any(self) -> bool:
+        return bool(self.requests_per_s or self.concurrent or self.tokens_per_min)
+
+
+@dataclass(frozen=True, slots=True)
 class Tenant:
     id: str
     api_keys: tuple[str, ...]
     scope: Scope
     models: tuple[str, ...]
     scope_header: str | None = None  # where a user or session id may arrive besides the body
+    limits: TenantLimits = TenantLimits()
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,6 +116,12 @@ class Node:
             self.fail(f"must be between {low} and {high}")
         return value
 
+    def number(self, low: float, high: float) -> float:
+        value = float(self._scalar((_INT, _FLOAT), "a number"))
+        if not low <= value <= high:
+            self.fail(f"must be between {low:g} and {high:g}")
+        return value
+
     def positive(self) -> float:
         value = float(self._scalar((_INT, _FLOAT), "a number"))
         if not 0 < value < 86400:

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from gateway.filters.sanitize import is_scoping_header
-from gateway.policy.model import Scope, Tenant
+from gateway.policy.model import Scope, Tenant, TenantLimits
 from gateway.policy.node import Node, unique_items
 from kvfence.apikey import is_digest
 
@@ -36,7 +36,7 @@ def _key_digests(node: Node, base: Path) -> list[tuple[Node, str]]:
 
 
 def _tenant(item: Node, served: set[str], digests: set[str], base: Path) -> Tenant:
-    f = item.mapping(_TENANT_REQ, _F({"scope_header"}))
+    f = item.mapping(_TENANT_REQ, _F({"scope_header", "limits"}))
     scope = Scope(f["scope"].choice(tuple(s.value for s in Scope)))
     keys = []
     for entry in f["api_keys"].items():
@@ -58,7 +58,20 @@ def _tenant(item: Node, served: set[str], digests: set[str], base: Path) -> Tena
         header = f["scope_header"].text(_HEADER_RE, "naming an HTTP header").lower()
         if is_scoping_header(header):
             f["scope_header"].fail("names a header the gateway reserves for cache scoping")
-    return Tenant(f["id"].text(_TENANT_RE), tuple(keys), scope, tuple(models), header)
+    limits = _limits(f["limits"]) if "limits" in f else TenantLimits()
+    return Tenant(f["id"].text(_TENANT_RE), tuple(keys), scope, tuple(models), header, limits)
+
+
+def _limits(node: Node) -> TenantLimits:
+    f = node.mapping(_F(), _F({"requests_per_s", "burst", "concurrent", "tokens_per_min"}))
+    rps = f["requests_per_s"].number(0, 1e6) if "requests_per_s" in f else 0.0
+    burst = f["burst"].number(1, 1e7) if "burst" in f else max(1.0, rps)
+    return TenantLimits(
+        requests_per_s=rps,
+        burst=burst,
+        concurrent=f["concurrent"].integer(0, 1 << 20) if "concurrent" in f else 0,
+        tokens_per_min=f["tokens_per_min"].integer(0, 1 << 40) if "tokens_per_min" in f else 0,
+    )
 
 
 def read_tenants(node: Node, served: set[str], base: Path) -> tuple[Tenant, ...]:

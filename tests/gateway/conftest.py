@@ -96,9 +96,19 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 
 
 async def run_gateway(
-    policy: Policy, upstream: FakeUpstream, reload_from: Path | None = None
+    policy: Policy,
+    upstream: FakeUpstream,
+    reload_from: Path | None = None,
+    state_dir: Path | None = None,
+    generation: float | None = None,
 ) -> tuple[Gateway, web.AppRunner]:
-    app = create_app(policy, reload_from=reload_from, reload_interval_s=0.05)
+    app = create_app(
+        policy,
+        reload_from=reload_from,
+        reload_interval_s=0.05,
+        state_dir=state_dir,
+        generation=generation,
+    )
     runner = await start(app, "127.0.0.1", 0)
     session = aiohttp.ClientSession()
     url = f"http://127.0.0.1:{bound_port(runner)}"
