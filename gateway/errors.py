@@ -7,6 +7,7 @@ GatewayError
 ├── RequestTimeout (408)      ├── BodyTooLarge (413)          ├── RateLimited (429)
 ├── NotSupported (501)        ├── Overloaded (503)
 ├── UpstreamUnavailable (502) ├── AttestationRefused (502)    ├── AuditWriteFailed (502)
+├── AnswerTooLarge (502)
 ├── HandleRefused (502)       ├── BackendQuarantined (503)   └── UpstreamTimeout (504)
 """
 
@@ -73,6 +74,12 @@ class NotSupported(GatewayError):
 
 class UpstreamUnavailable(GatewayError):
     status, type, code = 502, "server_error", "upstream_unavailable"
+
+
+class AnswerTooLarge(GatewayError):
+    """A plain upstream answer over `limits.max_answer_bytes` (it must be judged whole)."""
+
+    status, type, code = 502, "server_error", "answer_too_large"
 
 
 class AttestationRefused(GatewayError):

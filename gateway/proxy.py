@@ -17,8 +17,15 @@ from aiohttp import web
 
 from gateway.audit.judge import UNATTESTED, is_plain_error, judge
 from gateway.audit.settle import VERDICT_HEADER, settle
-from gateway.errors import GatewayError, HandleRefused, UpstreamTimeout, UpstreamUnavailable
+from gateway.errors import (
+    AnswerTooLarge,
+    GatewayError,
+    HandleRefused,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from gateway.exchange import Exchange
+from gateway.reading import read_chunk
 from gateway.sse import parse_usage
 from gateway.state import (
     BODY,
@@ -29,7 +36,7 @@ from gateway.state import (
     TIMING,
     UPSTREAM_HEADERS,
 )
-from gateway.stream_relay import SSE, read_chunk, relay_stream
+from gateway.stream_relay import SSE, relay_stream
 from kvfence.attestation import ATTESTATION_HEADER
 
 log = logging.getLogger("kvfence.gateway.proxy")
@@ -53,10 +60,15 @@ async def _open(request: web.Request) -> aiohttp.ClientResponse:
         raise UpstreamUnavailable(f"backend {route.backend.name} is unavailable") from None
 
 
-async def _read_all(upstream: aiohttp.ClientResponse, idle_s: float) -> bytes:
+async def _read_all(upstream: aiohttp.ClientResponse, idle_s: float, cap: int) -> bytes:
+    """The whole plain answer (it is judged before its first byte is sent), at most `cap`."""
     parts: list[bytes] = []
+    size = 0
     try:
         while chunk := await read_chunk(upstream, idle_s):
+            size += len(chunk)
+            if size > cap:
+                raise AnswerTooLarge(f"the backend's answer is over {cap} bytes")
             parts.append(chunk)
     except TimeoutError:
         raise UpstreamTimeout("backend stalled while answering") from None
@@ -69,7 +81,8 @@ async def _relay_body(
     request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange
 ) -> web.Response:
     ctx, answer = exchange.ctx, exchange.answer
-    body = await _read_all(upstream, request[RUNTIME].policy.gateway.timeouts.idle_s)
+    gateway = request[RUNTIME].policy.gateway
+    body = await _read_all(upstream, gateway.timeouts.idle_s, gateway.limits.max_answer_bytes)
     answer.attestations = list(upstream.headers.getall(ATTESTATION_HEADER, ()))
     parsed, usage = parse_usage(body)
     answer.read_usage(usage)

@@ -16,6 +16,7 @@ from typing import Final
 import aiohttp
 from aiohttp import web
 
+from gateway.adapters.base import RESPONSES
 from gateway.audit.judge import Judgement, judge
 from gateway.audit.settle import VERDICT_HEADER, settle
 from gateway.errors import (
@@ -27,46 +28,15 @@ from gateway.errors import (
     error_body,
 )
 from gateway.exchange import Exchange
-from gateway.sse import UsageScanner, first_event, split_attestation_event
+from gateway.reading import first_event_of, read_chunk
+from gateway.sse import UsageScanner, split_attestation_event
 from gateway.state import DROP_USAGE, REQUEST_ID, RUNTIME, TIMING
+from gateway.verify.scan import AnswerScan
 
 log = logging.getLogger("kvfence.gateway.proxy")
 SSE: Final = "text/event-stream"
 _DONE: Final = b"data: [DONE]"
-MAX_FIRST_EVENT: Final = 64 * 1024  # the attestation event is a few hundred bytes
 CLIENT_CLOSED: Final = 499  # the status recorded when the client disconnects mid-stream
-
-
-async def read_chunk(upstream: aiohttp.ClientResponse, idle_s: float) -> bytes:
-    """What arrived since the last read (b"" at the end); waits at most `idle_s` for more.
-    Data already buffered, or the end, is taken without arming a deadline (nothing waits)."""
-    content = upstream.content
-    data = content.read_nowait()
-    if data or content.is_eof():
-        return data
-    async with asyncio.timeout(idle_s):
-        return await content.readany()
-
-
-async def _first_event(
-    upstream: aiohttp.ClientResponse, idle_s: float
-) -> tuple[bytes | None, bytes]:
-    """The upstream's first SSE event and what followed it; (None, all) if it never completed."""
-    buf = b""
-    try:
-        while len(buf) <= MAX_FIRST_EVENT:
-            found = first_event(buf)
-            if found is not None:
-                return found
-            chunk = await read_chunk(upstream, idle_s)
-            if not chunk:
-                break
-            buf += chunk
-    except TimeoutError:
-        raise UpstreamTimeout("backend stalled before its attestation") from None
-    except aiohttp.ClientError:
-        raise UpstreamUnavailable("backend failed before its attestation") from None
-    return None, buf
 
 
 async def relay_stream(
@@ -76,7 +46,7 @@ async def relay_stream(
     idle_s = request[RUNTIME].policy.gateway.timeouts.idle_s
     head, pending = b"", b""
     if ctx.attested:
-        event, pending = await _first_event(upstream, idle_s)
+        event, pending = await first_event_of(upstream, idle_s)
         token, head = split_attestation_event(event) if event is not None else (None, b"")
         answer.attestations.append(token)
     judgement = judge(ctx, answer)
@@ -102,6 +72,20 @@ async def relay_stream(
     return resp
 
 
+class ClientStalled(Exception):
+    """The client read nothing for `limits.write_timeout_s` while its stream was waiting."""
+
+
+async def _send(resp: web.StreamResponse, data: bytes, deadline_s: float) -> None:
+    if not data:  # an empty write could end the chunked body early
+        return
+    try:
+        async with asyncio.timeout(deadline_s):
+            await resp.write(data)
+    except TimeoutError:
+        raise ClientStalled from None
+
+
 async def _pump(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
@@ -114,7 +98,8 @@ async def _pump(
     until the whole answer is judged and settled."""
     ctx, answer, scan = exchange.ctx, exchange.answer, exchange.scan
     scanner = UsageScanner(drop_usage=request[DROP_USAGE])
-    idle_s = request[RUNTIME].policy.gateway.timeouts.idle_s
+    gateway = request[RUNTIME].policy.gateway
+    idle_s, write_s = gateway.timeouts.idle_s, gateway.limits.write_timeout_s
     held, suspect = b"", b""
     chunk = pending
     try:
@@ -135,8 +120,7 @@ async def _pump(
                 out, held = out[:cut], out[cut:]
             elif held:
                 out, held = b"", held + out
-            if out:  # an empty write could end the chunked body early
-                await resp.write(out)
+            await _send(resp, out, write_s)
             try:
                 chunk = await read_chunk(upstream, idle_s)
             except (TimeoutError, aiohttp.ClientError) as exc:
@@ -145,16 +129,23 @@ async def _pump(
                 return
             if not chunk:
                 break
+    except ClientStalled:
+        await _left(request, exchange, judgement, scanner, "client_stalled")
+        log.info("client stopped reading; stream cut", extra={"rid": ctx.request_id})
+        if request.transport is not None:
+            request.transport.abort()  # its buffers are full: nothing more can be said
+        return
     except (asyncio.CancelledError, ConnectionResetError):
         # The client went away mid-stream: the response still gets its record.
         log.info("client closed the stream", extra={"rid": ctx.request_id})
-        answer.prompt_tokens, answer.cached_tokens = scanner.prompt_tokens, scanner.cached_tokens
-        left = settle(request, ctx, answer, judgement, status=CLIENT_CLOSED, reason="client_closed")
-        with contextlib.suppress(AuditWriteFailed):
-            await asyncio.shield(left)
+        await _left(request, exchange, judgement, scanner, "client_closed")
         raise
     answer.prompt_tokens, answer.cached_tokens = scanner.prompt_tokens, scanner.cached_tokens
     answer.total_tokens = scanner.total_tokens
+    if not _ended(request.path, held, scan):
+        await _fail(request, resp, exchange, judgement, UpstreamUnavailable(
+            "the backend's stream ended without its final event (cut short)"))  # fmt: skip
+        return
     exchange.finish()
     final = judge(ctx, answer)  # now with the usage: the accounting and the detective's check
     if final.blocked:
@@ -165,10 +156,37 @@ async def _pump(
     except AuditWriteFailed as exc:
         await _end_with_error(resp, exc)
         return
-    rest = suspect + held + scanner.tail()
-    if rest:
-        await resp.write(rest)
+    try:
+        await _send(resp, suspect + held + scanner.tail(), write_s)
+    except ClientStalled:
+        if request.transport is not None:
+            request.transport.abort()
+        return
     await resp.write_eof()
+
+
+def _ended(path: str, held: bytes, scan: AnswerScan) -> bool:
+    """The stream ended as the protocol says a complete one does: chat and completions with
+    `data: [DONE]`, responses with a terminal event. Anything else was cut short, whatever
+    the framing claimed."""
+    if path == RESPONSES:
+        return scan.terminal
+    return bool(held)
+
+
+async def _left(
+    request: web.Request,
+    exchange: Exchange,
+    judgement: Judgement,
+    scanner: UsageScanner,
+    reason: str,
+) -> None:
+    """The client left or stopped reading: the answer is settled with status 499 and `reason`."""
+    answer = exchange.answer
+    answer.prompt_tokens, answer.cached_tokens = scanner.prompt_tokens, scanner.cached_tokens
+    left = settle(request, exchange.ctx, answer, judgement, status=CLIENT_CLOSED, reason=reason)
+    with contextlib.suppress(AuditWriteFailed):
+        await asyncio.shield(left)
 
 
 def _refused(judgement: Judgement) -> GatewayError:
@@ -198,9 +216,12 @@ async def _fail(
 
 
 async def _end_with_error(resp: web.StreamResponse, error: GatewayError) -> None:
-    resp.force_close()
-    await resp.write(b"\n\nevent: error\ndata: " + error_body(error) + b"\n\n")
-    await resp.write_eof()
+    """An `error` event, never `[DONE]`, then a properly ended body: the connection stays usable
+    (keep-alive), and no client takes the truncated answer for a complete one."""
+    with contextlib.suppress(ConnectionResetError):
+        async with asyncio.timeout(5):
+            await resp.write(b"\n\nevent: error\ndata: " + error_body(error) + b"\n\n")
+            await resp.write_eof()
 
 
 def _done_at(events: bytes) -> int:

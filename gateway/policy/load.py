@@ -98,6 +98,12 @@ def _limits(node: Node) -> ClientLimits:
         max_in_flight=f["max_in_flight"].integer(1, 1 << 20)
         if "max_in_flight" in f
         else d.max_in_flight,
+        write_timeout_s=f["write_timeout_s"].positive()
+        if "write_timeout_s" in f
+        else d.write_timeout_s,
+        max_answer_bytes=f["max_answer_bytes"].integer(1024, 1 << 34)
+        if "max_answer_bytes" in f
+        else d.max_answer_bytes,
     )
 
 

@@ -24,6 +24,7 @@ _FIELD: Final = {
 }
 _ANY = re.compile(rb'"(?:content|text|delta|output_text)":' + _STRING)
 _LATE = (ATTESTATION_EVENT.encode(), ATTESTATION_FIELD.encode())
+_TERMINAL = re.compile(rb'"type":\s*"response\.(?:completed|incomplete|failed)"')
 
 
 class AnswerScan:
@@ -35,6 +36,7 @@ class AnswerScan:
         self._parts: list[str] = []
         self._size = 0
         self.late_attestations = 0
+        self.terminal = False  # a Responses stream's final event was seen
 
     @property
     def markers(self) -> int:
@@ -62,6 +64,8 @@ class AnswerScan:
 
     def events(self, data: bytes) -> None:
         """Complete stream events, in order, before they are relayed."""
+        if b'"response.' in data and _TERMINAL.search(data):
+            self.terminal = True
         if self._attested and b"kvfence" in data:
             self.late_attestations += sum(data.count(tag) for tag in _LATE)
         for raw in self._field.findall(data):

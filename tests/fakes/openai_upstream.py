@@ -95,8 +95,9 @@ def completion() -> dict[str, Any]:
 
 @dataclass
 class FakeUpstream:
-    """`mode`: ok | die_before | die_mid | stall_before | hold. `split` sends each stream event
-    in two writes, so the gateway sees chunks that cut events in half."""
+    """`mode`: ok | die_before | die_mid | stall_before | hold | flood (a stream of 16 MiB) |
+    huge (a 2 MiB plain answer) | no_done (a stream that ends without `[DONE]`). `split` sends
+    each stream event in two writes, so the gateway sees chunks that cut events in half."""
 
     mode: str = "ok"
     split: bool = False
@@ -133,13 +134,21 @@ class FakeUpstream:
         doc = orjson.loads(body) if body else {}
         if doc.get("stream") is True:
             return await self._stream(request, doc)
-        return web.Response(body=orjson.dumps(completion()), content_type="application/json")
+        answer = completion()
+        if self.mode == "huge":
+            answer["choices"][0]["message"]["content"] = "x" * (2 << 20)
+        return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
     async def _stream(self, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
         options = doc.get("stream_options") or {}
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         events = sse_events(bool(options.get("include_usage")))
+        if self.mode == "flood":
+            big = b"data: " + orjson.dumps(_chunk(0, "y" * 8000, False)) + b"\n\n"
+            events = [big] * 2048 + events
+        if self.mode == "no_done":
+            events = events[:-1]
         try:
             for i, event in enumerate(events):
                 if self.mode == "die_mid" and i == 2:
