@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.edge import Edge
 from gateway.metrics import Metrics
 from gateway.policy.model import Tenant
 from gateway.policy.runtime import Route, Runtime
@@ -39,5 +40,8 @@ NAMESPACE = web.RequestKey("kvfence_namespace", str)  # filters.namespace
 UPSTREAM_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey(
     "kvfence_upstream_headers", dict
 )  # filters.adapter
+# The exact bytes sent upstream (a kvfence handle binds their digest).
+UPSTREAM_BODY = web.RequestKey("kvfence_upstream_body", bytes)  # filters.adapter
 DROP_USAGE = web.RequestKey("kvfence_drop_usage", bool)  # filters.adapter
 METRICS = web.AppKey("kvfence_metrics", Metrics)
+EDGE = web.AppKey("kvfence_edge", Edge)  # counts and logs malformed requests

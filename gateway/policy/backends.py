@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 
 from gateway.adapters.registry import ADAPTERS
+from gateway.filters.fields import extra_field_problem
 from gateway.policy.keys import read_trust
 from gateway.policy.model import AuditMode, Backend, KvfenceOptions, ModelSpec
 from gateway.policy.node import Node, unique_items
@@ -19,7 +20,9 @@ from gateway.policy.secrets import resolve
 
 _F = frozenset
 _BACKEND_REQ = _F({"name", "kind", "url", "models"})
-_BACKEND_OPT = _F({"allow_unscoped", "api_key", "audience", "audit", "attestation_keys"})
+_BACKEND_OPT = _F(
+    {"allow_unscoped", "api_key", "audience", "audit", "attestation_keys", "extra_fields"}
+)
 _KVFENCE_ONLY = _F({"audience", "audit", "attestation_keys"})
 _NAME_RE = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 _URL_RE = re.compile(r"^https?://[^\s/?#]+/?$")
@@ -35,6 +38,17 @@ def _models(node: Node, seen: set[str]) -> tuple[ModelSpec, ...]:
         seen.add(name)
         out.append(ModelSpec(name, f["revision"].version_text()))
     return tuple(out)
+
+
+def _extra_fields(node: Node, kind: str) -> frozenset[str]:
+    names: set[str] = set()
+    for item in node.items():
+        name = item.text()
+        problem = extra_field_problem(kind, name)
+        if problem is not None:
+            item.fail(problem)
+        names.add(name)
+    return frozenset(names)
 
 
 def _kvfence(f: dict[str, Node], base: Path) -> KvfenceOptions:
@@ -68,6 +82,7 @@ def _backend(item: Node, env: Mapping[str, str], base: Path, seen: set[str]) -> 
         allow_unscoped=allow_unscoped,
         api_key=resolve(f["api_key"], env, base, 1) if "api_key" in f else None,
         kvfence=_kvfence(f, base) if kind == "kvfence" else None,
+        extra_fields=_extra_fields(f["extra_fields"], kind) if "extra_fields" in f else frozenset(),
     )
 
 

@@ -22,6 +22,7 @@ from gateway.policy.model import (
     NamespaceKeySpec,
     Policy,
     Timeouts,
+    UnknownFieldMode,
 )
 from gateway.policy.node import Bail, Node, PolicyError, compose, guarded
 from gateway.policy.secrets import resolve
@@ -34,7 +35,7 @@ _TOP = _F({"version", "gateway", "backends", "tenants"})
 _GATEWAY_REQ = _F({"namespace_keys", "api_key_pepper"})
 _GATEWAY_OPT = _F(
     {"listen", "client_inputs", "timeouts", "limits", "access_log", "handle_key", "handle_ttl_s"}
-    | {"audit_log"}
+    | {"audit_log", "unknown_fields"}
 )
 T = TypeVar("T")
 _HOST_RE = re.compile(r"^[A-Za-z0-9.:_-]+$")
@@ -105,6 +106,7 @@ def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
     pepper = guarded(lambda: resolve(f["api_key_pepper"], env, base, MIN_PEPPER_BYTES))
     listen = opt("listen", _listen, Listen())
     mode = opt("client_inputs", _client_inputs, ClientInputMode.STRIP)
+    unknown = opt("unknown_fields", _unknown_fields, UnknownFieldMode.DROP)
     timeouts = opt("timeouts", _timeouts, Timeouts())
     limits = opt("limits", _limits, ClientLimits())
     access_log = opt("access_log", Node.boolean, True)
@@ -113,18 +115,33 @@ def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
     audit_log = opt("audit_log", lambda n: read_audit_log(n, env, base), None)
     read = (("handle_key", handle_key), ("audit_log", audit_log))
     unread = [k for k, v in read if k in f and v is None]
-    if unread or None in (keys, pepper, listen, mode, timeouts, limits, access_log, handle_ttl):
+    required = (keys, pepper, listen, mode, unknown, timeouts, limits, access_log, handle_ttl)
+    if unread or None in required:
         raise Bail()
     assert keys is not None and pepper is not None and listen is not None
-    assert mode is not None and timeouts is not None and limits is not None
-    assert access_log is not None and handle_ttl is not None
+    assert mode is not None and unknown is not None and timeouts is not None
+    assert limits is not None and access_log is not None and handle_ttl is not None
     return GatewaySettings(
-        keys, pepper, listen, mode, timeouts, limits, access_log, handle_key, handle_ttl, audit_log
+        namespace_keys=keys,
+        api_key_pepper=pepper,
+        listen=listen,
+        client_inputs=mode,
+        unknown_fields=unknown,
+        timeouts=timeouts,
+        limits=limits,
+        access_log=access_log,
+        handle_key=handle_key,
+        handle_ttl_s=handle_ttl,
+        audit_log=audit_log,
     )
 
 
 def _client_inputs(node: Node) -> ClientInputMode:
     return ClientInputMode(node.choice(("strip", "reject")))
+
+
+def _unknown_fields(node: Node) -> UnknownFieldMode:
+    return UnknownFieldMode(node.choice(("drop", "reject")))
 
 
 def parse_policy(

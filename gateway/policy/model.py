@@ -26,6 +26,11 @@ class ClientInputMode(StrEnum):
     REJECT = "reject"
 
 
+class UnknownFieldMode(StrEnum):
+    DROP = "drop"
+    REJECT = "reject"
+
+
 class AuditMode(StrEnum):
     ENFORCE = "enforce"
     MONITOR = "monitor"
@@ -112,6 +117,7 @@ class GatewaySettings:
     api_key_pepper: Secret
     listen: Listen = Listen()
     client_inputs: ClientInputMode = ClientInputMode.STRIP
+    unknown_fields: UnknownFieldMode = UnknownFieldMode.DROP
     timeouts: Timeouts = Timeouts()
     limits: ClientLimits = ClientLimits()
     access_log: bool = True
@@ -149,6 +155,7 @@ class Backend:
     allow_unscoped: bool = False
     api_key: Secret | None = None
     kvfence: KvfenceOptions | None = None
+    extra_fields: frozenset[str] = frozenset()  # body fields beyond OpenAI's (filters.fields)
 
 
 @dataclass(frozen=True, slots=True)
