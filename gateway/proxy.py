@@ -12,14 +12,13 @@ import logging
 import time
 
 import aiohttp
-import orjson
 from aiohttp import web
 
 from gateway.audit.judge import UNATTESTED, Answer, AuditContext, judge
 from gateway.audit.settle import VERDICT_HEADER, audit_context, settle
 from gateway.errors import GatewayError, HandleRefused, UpstreamTimeout, UpstreamUnavailable
 from gateway.sse import usage_of
-from gateway.state import BODY, REQUEST_ID, ROUTE, RUNTIME, TIMING, UPSTREAM_HEADERS
+from gateway.state import REQUEST_ID, ROUTE, RUNTIME, TIMING, UPSTREAM_BODY, UPSTREAM_HEADERS
 from gateway.stream_relay import SSE, read_chunk, relay_stream
 from kvfence.attestation import ATTESTATION_HEADER
 
@@ -29,7 +28,7 @@ log = logging.getLogger("kvfence.gateway.proxy")
 
 async def _open(request: web.Request) -> aiohttp.ClientResponse:
     route, runtime = request[ROUTE], request[RUNTIME]
-    data = orjson.dumps(request[BODY])
+    data = request[UPSTREAM_BODY]
     request[TIMING].upstream_sent = time.perf_counter()
     try:
         async with asyncio.timeout(runtime.policy.gateway.timeouts.first_byte_s):

@@ -2,12 +2,17 @@
 (docs/protocol.md has the format; the token core is `kvfence.token`).
 
 Invariant: `HandleVerifier` is the only production code that mints a `Namespace`, and only after
-the signature, key id, lifetime, audience, scope, model and replay checks have all passed.
+the signature, key id, lifetime, audience, scope and replay checks have all passed; a request
+handle names the SHA-256 of the exact body it was signed for (`bd`), and the backend serves a
+body only after `VerifiedHandle.check_body` found it equal, in constant time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import hmac
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -16,11 +21,17 @@ from typing import Any, Final
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from kvfence.capability import Namespace, _mint
-from kvfence.keyfile import TrustStore, check_key_id
+from kvfence.keyfile import TrustStore, b64url, check_key_id
 from kvfence.token import Clock, TokenError, claim, open_token, sign_token
 
 HANDLE_HEADER: Final = "x-kvfence-handle"
 HANDLE_PREFIX: Final = "kvh1"
+_DIGEST_RE: Final = re.compile(r"^[A-Za-z0-9_-]{43}$")  # base64url of 32 bytes, unpadded
+
+
+def body_digest(body: bytes) -> str:
+    """The `bd` claim: base64url (unpadded) of SHA-256 of the exact request body bytes."""
+    return b64url(hashlib.sha256(body).digest())
 
 
 class HandleError(TokenError):
@@ -30,7 +41,7 @@ class HandleError(TokenError):
 
 class HandleForbidden(HandleError):
     """403: a genuine handle used for something it does not allow: wrong_audience,
-    wrong_scope, wrong_model, wrong_action."""
+    wrong_scope, wrong_model, wrong_action, body_mismatch."""
 
     status = 403
 
@@ -50,6 +61,13 @@ class VerifiedHandle:
     issued_at: float
     expires_at: float
     key_id: str
+    body_digest: str
+
+    def check_body(self, body: bytes) -> None:
+        """The body must be the exact bytes the handle was signed for (checked before it is
+        parsed): a captured handle cannot carry another prompt."""
+        if not hmac.compare_digest(body_digest(body), self.body_digest):
+            raise HandleForbidden("body_mismatch", "the body is not the one the handle is for")
 
     def check_model(self, model: str) -> None:
         """The request body must ask for the model the handle names (checked once parsed)."""
@@ -90,11 +108,14 @@ class HandleSigner:
         request_id: str,
         audience: str,
         ttl: float = 60.0,
+        *,
+        body: bytes,
     ) -> str:
+        """A request handle for exactly `body`, the bytes the gateway sends upstream."""
         if not namespace or not model:
             raise ValueError("namespace and model must be non-empty")
         claims = self._claims("handle", request_id, audience, ttl)
-        claims.update(ns=namespace, model=model, rev=revision)
+        claims.update(ns=namespace, model=model, rev=revision, bd=body_digest(body))
         return sign_token(HANDLE_PREFIX, claims, self._key)
 
     def sign_admin(
@@ -179,15 +200,19 @@ class HandleVerifier:
         return claims, iat, exp
 
     def verify(self, token: str | None) -> VerifiedHandle:
-        """A request handle, checked before anything else of the request is read; the model
-        it names is compared with the body's afterwards (`VerifiedHandle.check_model`)."""
+        """A request handle, checked before anything else of the request is read; the body is
+        compared with its digest (`VerifiedHandle.check_body`) before it is parsed, and the
+        model it asks for afterwards (`VerifiedHandle.check_model`). A handle without a body
+        digest is malformed."""
         claims, iat, exp = self._open(token, "handle")
         model = claim(claims, "model", str, HandleError)
         revision = claim(claims, "rev", str, HandleError)
+        digest = claim(claims, "bd", str, HandleError)
+        if not _DIGEST_RE.fullmatch(digest):
+            raise HandleError("malformed", "claim 'bd' is not a SHA-256 digest")
         self._replay.admit((claims["kid"], claims["rid"]), exp + self._skew, self._clock())
-        return VerifiedHandle(
-            _mint(claims["ns"]), claims["rid"], model, revision, iat, exp, claims["kid"]
-        )
+        ns = _mint(claims["ns"])
+        return VerifiedHandle(ns, claims["rid"], model, revision, iat, exp, claims["kid"], digest)
 
     def verify_admin(self, token: str | None, action: str) -> VerifiedAdmin:
         claims, iat, exp = self._open(token, "admin")

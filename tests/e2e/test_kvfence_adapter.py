@@ -75,7 +75,9 @@ async def test_handles_reach_the_backend_and_answers_are_judged_clean(stack: Sta
 async def test_a_client_handle_is_replaced_by_the_gateways_own(stack: Stack, keys: Keys) -> None:
     await stack.post("acme", completion(), path="/v1/completions")
     # A handle for acme's namespace would need the gateway's key; a client has only its own.
-    forged = HandleSigner(generate_key(), "gateway").sign("ns1.x", "tiny", "1", "r", AUDIENCE)
+    forged = HandleSigner(generate_key(), "gateway").sign(
+        "ns1.x", "tiny", "1", "r", AUDIENCE, body=b"{}"
+    )
     resp = await stack.post(
         "globex", completion(), path="/v1/completions", **{HANDLE_HEADER: forged}
     )

@@ -19,6 +19,7 @@ from kvfence.handle import (
     HandleSigner,
     HandleUnavailable,
     HandleVerifier,
+    body_digest,
     sign_token,
 )
 from kvfence.keyfile import TrustStore, generate_key
@@ -42,12 +43,15 @@ def rid() -> str:
     return f"req-{next(_ids)}"
 
 
-def mint(signer_clock: float = NOW, ttl: float = 60.0, **over: str) -> str:
+BODY = b'{"model":"smollm2","prompt":"hello"}'
+
+
+def mint(signer_clock: float = NOW, ttl: float = 60.0, body: bytes = BODY, **over: str) -> str:
     fields = {"namespace": "ns-a", "model": "smollm2", "revision": "r1", "audience": "be-1"}
     fields.update(over)
     request_id = fields.pop("request_id", rid())
     signer = HandleSigner(KEY, "gw-1", clock=FakeClock(signer_clock))
-    return signer.sign(request_id=request_id, ttl=ttl, **fields)
+    return signer.sign(request_id=request_id, ttl=ttl, body=body, **fields)
 
 
 def verifier(clock: FakeClock | None = None, replay_capacity: int = 1000) -> HandleVerifier:
@@ -70,6 +74,28 @@ def test_valid_handle_yields_namespace_and_claims() -> None:
     assert handle.namespace.value == "ns-a"
     assert (handle.request_id, handle.model, handle.revision) == ("req-valid", "smollm2", "r1")
     assert (handle.key_id, handle.expires_at) == ("gw-1", NOW + 60)
+    assert handle.body_digest == body_digest(BODY)
+    handle.check_body(BODY)
+
+
+def test_the_handle_binds_the_exact_body() -> None:
+    handle = verifier().verify(mint(body=BODY))
+    for other in (b"", BODY + b" ", BODY.replace(b"hello", b"hellO"), b"x" * 10_000):
+        with pytest.raises(HandleForbidden) as info:
+            handle.check_body(other)
+        assert (info.value.status, info.value.code) == (403, "body_mismatch")
+    handle.check_body(BODY)
+
+
+@pytest.mark.parametrize("digest", [None, "", "abc", 42, "A" * 44, "+" * 43, "A" * 42 + "="])
+def test_a_handle_without_a_valid_body_digest_is_malformed(digest: object) -> None:
+    claims = orjson.loads(base64.urlsafe_b64decode(mint().split(".")[1] + "=="))
+    if digest is None:
+        del claims["bd"]
+    else:
+        claims["bd"] = digest
+    err = refused(verifier(), sign_token(HANDLE_PREFIX, claims, KEY))
+    assert (err.status, err.code) == (401, "malformed")
 
 
 @pytest.mark.parametrize(
@@ -99,7 +125,7 @@ def test_forged_with_another_key_is_401() -> None:
 
 def test_unknown_key_id_is_401() -> None:
     token = HandleSigner(OTHER_KEY, "gw-2", clock=FakeClock()).sign(
-        "ns-a", "smollm2", "r1", rid(), "be-1"
+        "ns-a", "smollm2", "r1", rid(), "be-1", body=BODY
     )
     err = refused(verifier(), token)
     assert (err.status, err.code) == (401, "unknown_key")
@@ -226,8 +252,8 @@ def test_normal_handle_is_not_admin_and_actions_are_bound() -> None:
 def test_signer_refuses_empty_fields() -> None:
     signer = HandleSigner(KEY, "gw-1")
     with pytest.raises(ValueError):
-        signer.sign("", "smollm2", "r1", rid(), "be-1")
+        signer.sign("", "smollm2", "r1", rid(), "be-1", body=BODY)
     with pytest.raises(ValueError):
-        signer.sign("ns-a", "smollm2", "r1", "", "be-1")
+        signer.sign("ns-a", "smollm2", "r1", "", "be-1", body=BODY)
     with pytest.raises(ValueError):
-        signer.sign("ns-a", "smollm2", "r1", rid(), "be-1", ttl=0)
+        signer.sign("ns-a", "smollm2", "r1", rid(), "be-1", ttl=0, body=BODY)
