@@ -2,9 +2,10 @@
 (docs/protocol.md has the format; the token core is `kvfence.token`).
 
 Invariant: `HandleVerifier` is the only production code that mints a `Namespace`, and only after
-the signature, key id, lifetime, audience, scope and replay checks have all passed; a request
-handle names the SHA-256 of the exact body it was signed for (`bd`), and the backend serves a
-body only after `VerifiedHandle.check_body` found it equal, in constant time.
+the signature, key id, lifetime, audience, scope, body and replay checks have all passed. A
+request handle names the SHA-256 of the exact body it was signed for (`bd`): `check` runs before
+a byte of the body is read, `admit` compares the body in constant time and only then spends the
+request id, so a captured handle can neither carry another body nor be burned by one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import hmac
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -53,6 +54,22 @@ class HandleUnavailable(HandleError):
 
 
 @dataclass(frozen=True, slots=True)
+class SignedHandle:
+    """A request handle whose signature, claims, lifetime, audience and scope are checked; not
+    yet bound to a body nor admitted (`HandleVerifier.admit`). Carries no capability."""
+
+    namespace: str
+    request_id: str
+    model: str
+    revision: str
+    issued_at: float
+    expires_at: float
+    key_id: str
+    body_digest: str
+    seal: object = field(repr=False, compare=False)  # the verifier that checked it
+
+
+@dataclass(frozen=True, slots=True)
 class VerifiedHandle:
     namespace: Namespace
     request_id: str
@@ -61,13 +78,6 @@ class VerifiedHandle:
     issued_at: float
     expires_at: float
     key_id: str
-    body_digest: str
-
-    def check_body(self, body: bytes) -> None:
-        """The body must be the exact bytes the handle was signed for (checked before it is
-        parsed): a captured handle cannot carry another prompt."""
-        if not hmac.compare_digest(body_digest(body), self.body_digest):
-            raise HandleForbidden("body_mismatch", "the body is not the one the handle is for")
 
     def check_model(self, model: str) -> None:
         """The request body must ask for the model the handle names (checked once parsed)."""
@@ -172,6 +182,7 @@ class HandleVerifier:
         self._max_ttl = max_ttl
         self._clock = clock
         self._replay = _ReplayGuard(replay_capacity)
+        self._seal = object()  # marks the SignedHandles this verifier checked
 
     @property
     def live_request_ids(self) -> int:
@@ -199,20 +210,35 @@ class HandleVerifier:
             raise HandleForbidden("wrong_scope", f"not a {typ} handle")
         return claims, iat, exp
 
-    def verify(self, token: str | None) -> VerifiedHandle:
-        """A request handle, checked before anything else of the request is read; the body is
-        compared with its digest (`VerifiedHandle.check_body`) before it is parsed, and the
-        model it asks for afterwards (`VerifiedHandle.check_model`). A handle without a body
-        digest is malformed."""
+    def check(self, token: str | None) -> SignedHandle:
+        """A request handle, checked before anything else of the request is read. A handle
+        without a body digest is malformed."""
         claims, iat, exp = self._open(token, "handle")
         model = claim(claims, "model", str, HandleError)
         revision = claim(claims, "rev", str, HandleError)
         digest = claim(claims, "bd", str, HandleError)
         if not _DIGEST_RE.fullmatch(digest):
             raise HandleError("malformed", "claim 'bd' is not a SHA-256 digest")
-        self._replay.admit((claims["kid"], claims["rid"]), exp + self._skew, self._clock())
-        ns = _mint(claims["ns"])
-        return VerifiedHandle(ns, claims["rid"], model, revision, iat, exp, claims["kid"], digest)
+        ns, rid, kid = claims["ns"], claims["rid"], claims["kid"]
+        return SignedHandle(ns, rid, model, revision, iat, exp, kid, digest, self._seal)
+
+    def admit(self, handle: SignedHandle, body: bytes) -> VerifiedHandle:
+        """Bind `handle` to `body`, the raw request body (before it is parsed), then spend its
+        request id; the model the body asks for is compared afterwards (`check_model`)."""
+        if handle.seal is not self._seal:
+            raise HandleError("malformed", "not checked by this verifier")
+        if not hmac.compare_digest(body_digest(body), handle.body_digest):
+            raise HandleForbidden("body_mismatch", "the body is not the one the handle is for")
+        key = (handle.key_id, handle.request_id)
+        self._replay.admit(key, handle.expires_at + self._skew, self._clock())
+        return VerifiedHandle(
+            _mint(handle.namespace), handle.request_id, handle.model, handle.revision,
+            handle.issued_at, handle.expires_at, handle.key_id,
+        )  # fmt: skip
+
+    def verify(self, token: str | None, body: bytes) -> VerifiedHandle:
+        """`check` then `admit`: a request handle for the request body `body`."""
+        return self.admit(self.check(token), body)
 
     def verify_admin(self, token: str | None, action: str) -> VerifiedAdmin:
         claims, iat, exp = self._open(token, "admin")

@@ -74,6 +74,7 @@ def _backend(item: Node, env: Mapping[str, str], base: Path, seen: set[str]) -> 
     allow_unscoped = f["allow_unscoped"].boolean() if "allow_unscoped" in f else False
     if not ADAPTERS[kind].scoped and not allow_unscoped:
         f["kind"].fail(f"kind {kind} cannot scope its prefix cache; set allow_unscoped: true")
+    extra = _extra_fields(f["extra_fields"], kind) if "extra_fields" in f else frozenset()
     return Backend(
         name=f["name"].text(_NAME_RE),
         kind=kind,
@@ -82,7 +83,7 @@ def _backend(item: Node, env: Mapping[str, str], base: Path, seen: set[str]) -> 
         allow_unscoped=allow_unscoped,
         api_key=resolve(f["api_key"], env, base, 1) if "api_key" in f else None,
         kvfence=_kvfence(f, base) if kind == "kvfence" else None,
-        extra_fields=_extra_fields(f["extra_fields"], kind) if "extra_fields" in f else frozenset(),
+        extra_fields=extra,
     )
 
 

@@ -161,8 +161,9 @@ class FakeAttestingBackend:
         return self.signer.sign("other" if self.mode == "stale" else rid, ns, 8, 0, [ns])
 
     async def answer(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        handle = self.verifier.verify(request.headers.get(HANDLE_HEADER))
+        raw = await request.read()
+        body = orjson.loads(raw)
+        handle = self.verifier.verify(request.headers.get(HANDLE_HEADER), raw)
         handle.check_model(body["model"])
         token = self.attestation(handle.request_id, handle.namespace.value)
         usage = {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9}

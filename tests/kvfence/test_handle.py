@@ -62,29 +62,38 @@ def verifier(clock: FakeClock | None = None, replay_capacity: int = 1000) -> Han
 
 def refused(v: HandleVerifier, token: str | None, model: str = "smollm2") -> HandleError:
     with pytest.raises(HandleError) as info:
-        v.verify(token).check_model(model)
+        v.verify(token, BODY).check_model(model)
     return info.value
 
 
 def test_valid_handle_yields_namespace_and_claims() -> None:
     token = mint(request_id="req-valid")
     assert token.startswith("kvh1.") and "\n" not in token
-    handle = verifier().verify(token)
+    handle = verifier().verify(token, BODY)
     assert isinstance(handle.namespace, Namespace)
     assert handle.namespace.value == "ns-a"
     assert (handle.request_id, handle.model, handle.revision) == ("req-valid", "smollm2", "r1")
     assert (handle.key_id, handle.expires_at) == ("gw-1", NOW + 60)
-    assert handle.body_digest == body_digest(BODY)
-    handle.check_body(BODY)
 
 
-def test_the_handle_binds_the_exact_body() -> None:
-    handle = verifier().verify(mint(body=BODY))
+def test_the_handle_binds_the_exact_body_and_a_wrong_one_does_not_spend_it() -> None:
+    v = verifier()
+    token = mint(body=BODY)
+    assert v.check(token).body_digest == body_digest(BODY)
     for other in (b"", BODY + b" ", BODY.replace(b"hello", b"hellO"), b"x" * 10_000):
         with pytest.raises(HandleForbidden) as info:
-            handle.check_body(other)
+            v.verify(token, other)
         assert (info.value.status, info.value.code) == (403, "body_mismatch")
-    handle.check_body(BODY)
+    assert v.live_request_ids == 0
+    assert v.verify(token, BODY).namespace.value == "ns-a"  # still unspent
+    assert refused(v, token).code == "replayed"
+
+
+def test_only_handles_this_verifier_checked_are_admitted() -> None:
+    checked = verifier().check(mint())
+    with pytest.raises(HandleError) as info:
+        verifier().admit(checked, BODY)
+    assert (info.value.status, info.value.code) == (401, "malformed")
 
 
 @pytest.mark.parametrize("digest", [None, "", "abc", 42, "A" * 44, "+" * 43, "A" * 42 + "="])
@@ -133,7 +142,7 @@ def test_unknown_key_id_is_401() -> None:
 
 def test_expired_is_401_but_clock_skew_is_tolerated() -> None:
     clock = FakeClock(NOW + 64)
-    assert verifier(clock).verify(mint()).namespace.value == "ns-a"
+    assert verifier(clock).verify(mint(), BODY).namespace.value == "ns-a"
     clock.now = NOW + 66
     err = refused(verifier(clock), mint())
     assert (err.status, err.code) == (401, "expired")
@@ -164,7 +173,7 @@ def test_replay_is_401_until_the_handle_expires() -> None:
     clock = FakeClock()
     v = verifier(clock)
     token = mint(request_id="req-once")
-    v.verify(token)
+    v.verify(token, BODY)
     err = refused(v, token)
     assert (err.status, err.code) == (401, "replayed")
     # another handle for the same request id is a replay too
@@ -175,17 +184,17 @@ def test_replay_store_prunes_expired_entries() -> None:
     clock = FakeClock()
     v = verifier(clock)
     for _ in range(50):
-        v.verify(mint())
+        v.verify(mint(), BODY)
     assert v.live_request_ids == 50
     clock.now = NOW + 200
-    v.verify(mint(signer_clock=clock.now))
+    v.verify(mint(signer_clock=clock.now), BODY)
     assert v.live_request_ids == 1
 
 
 def test_full_replay_store_fails_closed_with_503() -> None:
     v = verifier(replay_capacity=2)
-    v.verify(mint())
-    v.verify(mint())
+    v.verify(mint(), BODY)
+    v.verify(mint(), BODY)
     err = refused(v, mint())
     assert isinstance(err, HandleUnavailable)
     assert (err.status, err.code) == (503, "replay_store_full")
@@ -209,7 +218,7 @@ def test_every_single_bit_flip_is_refused() -> None:
     v = verifier()
     for position in range(len(token) * 8):
         assert refused(v, flip(token, position)).status == 401
-    assert v.verify(token).request_id == "req-bits"
+    assert v.verify(token, BODY).request_id == "req-bits"
 
 
 @settings(max_examples=100, deadline=None)

@@ -105,6 +105,6 @@ def test_keygen_writes_a_usable_key_pair(
     for trust_file in (trust, out / "gw-1.pub"):
         verifier = HandleVerifier(TrustStore.from_file(trust_file), "be-1")
         token = HandleSigner(key, "gw-1").sign("ns", "m", "r", "req", "be-1", body=b"{}")
-        assert verifier.verify(token).namespace.value == "ns"
+        assert verifier.verify(token, b"{}").namespace.value == "ns"
     assert kvfence_main(["keygen", "--id", "gw-1", "--out", str(out)]) == 1
     assert "already exists" in capsys.readouterr().err
