@@ -169,10 +169,19 @@ def parse_policy(
 
 
 def load_policy(path: str | Path) -> Policy:
-    """Read and validate a policy file (blocking: call it off the event loop when serving)."""
+    """Read and validate a policy file (blocking: call it off the event loop when serving).
+    Any content is either a `Policy` or a `PolicyError`: bytes that are not UTF-8 name the
+    line of the first bad byte."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise PolicyError([f"{path}:0: (file): cannot read: {exc.strerror}"]) from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise PolicyError(
+            [f"{path}:{line}: (file): not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x})"]
+        ) from None
     return parse_policy(text, str(path), base=path.parent)
