@@ -18,7 +18,7 @@ from kvfence.keyfile import KEY_ID_RE, KeyFileError, TrustStore, load_private_ke
 
 _F = frozenset
 _AUDIT_REQ: Final = _F({"path", "key"})
-_AUDIT_OPT: Final = _F({"fsync", "batch_max_records", "batch_max_ms", "rotate_bytes"})
+_AUDIT_OPT: Final = _F({"fsync", "batch_max_records", "batch_max_ms", "rotate_bytes", "anchor"})
 MIN_AUDIT_KEY_BYTES: Final = 16
 MAX_HANDLE_TTL_S: Final = 300.0  # the backend's verifier refuses longer lifetimes
 
@@ -72,13 +72,23 @@ def writable_file(node: Node, path: Path) -> Path:
     return path
 
 
+def _anchor(node: Node, path: Path, log_path: Path) -> Path:
+    """The anchor must live outside the log's folder: whoever can rewrite the log there must not
+    be able to rewrite the anchor too."""
+    folder = log_path.parent.resolve()
+    if path.parent.resolve() == folder or folder in path.resolve().parents:
+        node.fail(f"{path} is inside the log's folder {folder}: put the anchor elsewhere")
+    return writable_file(node, path)
+
+
 def read_audit_log(node: Node, env: Mapping[str, str], base: Path) -> AuditLogSettings:
     f = node.mapping(_AUDIT_REQ, _AUDIT_OPT)
     d = AuditLogSettings(Path(), resolve(f["key"], env, base, MIN_AUDIT_KEY_BYTES))
+    path = writable_file(f["path"], base / f["path"].text())
     fsync = FsyncMode(f["fsync"].choice(("always", "batch"))) if "fsync" in f else d.fsync
     batch_ms = f["batch_max_ms"].positive() if "batch_max_ms" in f else d.batch_max_ms
     return AuditLogSettings(
-        path=writable_file(f["path"], base / f["path"].text()),
+        path=path,
         key=d.key,
         fsync=fsync,
         batch_max_records=f["batch_max_records"].integer(1, 1 << 20)
@@ -88,4 +98,5 @@ def read_audit_log(node: Node, env: Mapping[str, str], base: Path) -> AuditLogSe
         rotate_bytes=f["rotate_bytes"].integer(4096, 1 << 40)
         if "rotate_bytes" in f
         else d.rotate_bytes,
+        anchor=_anchor(f["anchor"], base / f["anchor"].text(), path) if "anchor" in f else None,
     )

@@ -109,6 +109,7 @@ class AuditLogSettings:
     batch_max_records: int = 64
     batch_max_ms: float = 50.0
     rotate_bytes: int = 64 << 20
+    anchor: Path | None = None  # outside the log's folder: makes rollback detectable
 
 
 @dataclass(frozen=True, slots=True)
