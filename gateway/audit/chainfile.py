@@ -69,6 +69,13 @@ def _lock(path: Path) -> int:
     return fd
 
 
+def check_free(path: Path) -> None:
+    """Raise `AuditLocked` when another process holds the chain at `path` (a start-up check:
+    the writer takes the lock for good when it opens the log)."""
+    if path.parent.is_dir():
+        os.close(_lock(path))
+
+
 def _entry(path: Path, line: bytes) -> dict[str, Any]:
     try:
         entry = orjson.loads(line)

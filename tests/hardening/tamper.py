@@ -109,64 +109,116 @@ def _rotation_as_active(log: Log, keep_head: bool) -> None:
         log.head.unlink()
 
 
-def _swap(a: Path, b: Path) -> None:
+def _swap_rotations(log: Log) -> None:
+    a, b = log.rotations[0], log.rotations[1]
     tmp = a.with_name("swap.tmp")
     os.replace(a, tmp)
     os.replace(b, a)
     os.replace(tmp, b)
 
 
+def _splice(path: Path, at: int, line: bytes | None = None, drop: int = 0) -> None:
+    """Insert `line` (None: nothing) at index `at`, after dropping `drop` lines there."""
+    parts = lines(path)
+    put(path, [*parts[:at], *([line] if line is not None else []), *parts[at + drop :]])
+
+
+def _reorder(log: Log) -> None:
+    parts = lines(log.active)
+    put(log.active, [*parts[:2], parts[3], parts[2], *parts[4:]])
+
+
+def _remove_tag(log: Log) -> None:
+    parts = lines(log.active)
+    put(log.active, [*parts[:-1], parts[-1].split(b',"tag"')[0] + b"}\n"])
+
+
+def _other_chain(log: Log, *names: str) -> None:
+    for name in names:
+        shutil.copy2(log.other / name, log.folder / name)
+
+
+def _cut_to_snapshot(log: Log) -> None:
+    put(log.active, lines(log.active)[: len(lines(log.snapshot / "audit.jsonl"))])
+    rollback(log, "audit.jsonl.head")
+
+
+def _whole_folder(log: Log) -> None:
+    shutil.rmtree(log.folder)
+    shutil.copytree(log.snapshot, log.folder)
+
+
+def _delete(*paths: Path) -> None:
+    for path in paths:
+        path.unlink()
+
+
+def _forge_anchor(log: Log) -> None:
+    assert log.anchor is not None
+    log.anchor.write_bytes(log.anchor.read_bytes().replace(b'"seq":', b'"seq":1'))
+
+
 Tamper = Callable[[Log], None]
+CLEAN, CACHED = (b'"clean"', b'"violation"'), (b'"cached_tokens":16', b'"cached_tokens":0')
 # name -> (tamper, detectable without the anchor)
 ACTIVE: dict[str, tuple[Tamper, bool]] = {
-    "edit_record_field": (lambda g: edit(g.active, 2, b'"clean"', b'"violation"'), True),
-    "edit_record_number": (lambda g: edit(g.active, 2, b'"cached_tokens":16', b'"cached_tokens":0'), True),
-    "delete_record": (lambda g: put(g.active, lines(g.active)[:2] + lines(g.active)[3:]), True),
-    "duplicate_record": (lambda g: put(g.active, [*lines(g.active)[:3], lines(g.active)[2], *lines(g.active)[3:]]), True),
-    "reorder_records": (lambda g: put(g.active, [*lines(g.active)[:2], lines(g.active)[3], lines(g.active)[2], *lines(g.active)[4:]]), True),
+    "edit_record_field": (lambda g: edit(g.active, 2, *CLEAN), True),
+    "edit_record_number": (lambda g: edit(g.active, 2, *CACHED), True),
+    "delete_record": (lambda g: _splice(g.active, 2, drop=1), True),
+    "duplicate_record": (lambda g: _splice(g.active, 3, lines(g.active)[2]), True),
+    "reorder_records": (_reorder, True),
     "cut_last_line": (lambda g: put(g.active, lines(g.active)[:-1]), True),
     "torn_tail": (lambda g: g.active.write_bytes(g.active.read_bytes()[:-5]), True),
     "cut_to_header": (lambda g: put(g.active, lines(g.active)[:1]), True),
-    "delete_header_line": (lambda g: put(g.active, lines(g.active)[1:]), True),
+    "delete_header_line": (lambda g: _splice(g.active, 0, drop=1), True),
     "edit_header_prev_tag": (lambda g: edit(g.active, 0, b'"prev_tag":"', b'"prev_tag":"0'), True),
-    "edit_header_key_check": (lambda g: edit(g.active, 0, b'"key_check":"', b'"key_check":"0'), True),
+    "edit_header_key_check": (
+        lambda g: edit(g.active, 0, b'"key_check":"', b'"key_check":"0'),
+        True,
+    ),
     "append_forged_record": (_forged_record, True),
-    "append_garbage_line": (lambda g: put(g.active, [*lines(g.active), b'{"kind":"record"}\n']), True),
+    "append_garbage_line": (lambda g: _splice(g.active, 10**6, b'{"kind":"record"}\n'), True),
     "empty_active_file": (lambda g: g.active.write_bytes(b""), True),
-    "delete_active_file": (lambda g: g.active.unlink(), True),
-    "delete_head": (lambda g: g.head.unlink(), True),
-    "forge_head": (lambda g: g.head.write_bytes(g.head.read_bytes().replace(b'"lines":', b'"lines":1')), True),
-    "head_of_another_chain": (lambda g: shutil.copy2(g.other / "audit.jsonl.head", g.head), True),
-    "active_of_another_chain": (lambda g: [shutil.copy2(g.other / n, g.folder / n) for n in ("audit.jsonl", "audit.jsonl.head")] and None, True),
+    "delete_active_file": (lambda g: _delete(g.active), True),
+    "delete_head": (lambda g: _delete(g.head), True),
+    "forge_head": (lambda g: edit(g.head, 0, b'"lines":', b'"lines":1'), True),
+    "head_of_another_chain": (lambda g: _other_chain(g, "audit.jsonl.head"), True),
+    "active_of_another_chain": (lambda g: _other_chain(g, "audit.jsonl", "audit.jsonl.head"), True),
     "edit_record_seq": (lambda g: edit(g.active, 2, b'"seq":', b'"seq":1'), True),
-    "remove_tag": (lambda g: put(g.active, [*lines(g.active)[:-1], lines(g.active)[-1].split(b',"tag"')[0] + b"}\n"]), True),
-    "record_moved_from_rotation": (lambda g: put(g.active, [*lines(g.active), lines(g.rotations[0])[1]]), True),
-    # rollbacks: only the anchor, kept elsewhere, shows them
-    "old_head_restored_file_cut": (lambda g: (put(g.active, lines(g.active)[: len(lines(g.snapshot / "audit.jsonl"))]), rollback(g, "audit.jsonl.head")) and None, False),
-    "file_and_head_rolled_back": (lambda g: rollback(g, "audit.jsonl", "audit.jsonl.head"), False),
-    "whole_folder_rolled_back": (lambda g: (shutil.rmtree(g.folder), shutil.copytree(g.snapshot, g.folder)) and None, False),
+    "remove_tag": (_remove_tag, True),
+    "record_moved_from_rotation": (lambda g: _splice(g.active, 3, lines(g.rotations[0])[3]), True),
     "newest_rotation_as_active_old_head": (lambda g: _rotation_as_active(g, True), True),
     "newest_rotation_as_active_no_head": (lambda g: _rotation_as_active(g, False), True),
-}  # fmt: skip
+    # rollbacks: only the anchor, kept elsewhere, shows them
+    "old_head_restored_file_cut": (_cut_to_snapshot, False),
+    "file_and_head_rolled_back": (lambda g: rollback(g, "audit.jsonl", "audit.jsonl.head"), False),
+    "whole_folder_rolled_back": (_whole_folder, False),
+}
 ROTATED: dict[str, tuple[Tamper, bool]] = {
-    "edit_record_in_oldest_rotation": (lambda g: edit(g.rotations[0], 2, b'"clean"', b'"violation"'), True),
-    "edit_record_in_newest_rotation": (lambda g: edit(g.rotations[-1], 2, b'"clean"', b'"violation"'), True),
-    "delete_oldest_rotation": (lambda g: g.rotations[0].unlink(), True),
-    "delete_two_oldest_rotations": (lambda g: [p.unlink() for p in g.rotations[:2]] and None, True),
-    "delete_all_rotations": (lambda g: [p.unlink() for p in g.rotations] and None, True),
-    "delete_middle_rotation": (lambda g: g.rotations[1].unlink(), True),
-    "swap_two_rotations": (lambda g: _swap(g.rotations[0], g.rotations[1]), True),
+    "edit_record_in_oldest_rotation": (lambda g: edit(g.rotations[0], 2, *CLEAN), True),
+    "edit_record_in_newest_rotation": (lambda g: edit(g.rotations[-1], 2, *CLEAN), True),
+    "delete_oldest_rotation": (lambda g: _delete(g.rotations[0]), True),
+    "delete_two_oldest_rotations": (lambda g: _delete(*g.rotations[:2]), True),
+    "delete_all_rotations": (lambda g: _delete(*g.rotations), True),
+    "delete_middle_rotation": (lambda g: _delete(g.rotations[1]), True),
+    "swap_two_rotations": (_swap_rotations, True),
     "cut_seal_of_rotation": (lambda g: put(g.rotations[0], lines(g.rotations[0])[:-1]), True),
-    "line_after_seal": (lambda g: put(g.rotations[0], [*lines(g.rotations[0]), lines(g.rotations[0])[1]]), True),
+    "line_after_seal": (lambda g: _splice(g.rotations[0], 10**6, lines(g.rotations[0])[1]), True),
     "rotation_replaced_by_another": (lambda g: shutil.copy2(g.rotations[0], g.rotations[1]), True),
     "edit_seal_lines": (lambda g: edit(g.rotations[0], -1, b'"lines":', b'"lines":1'), True),
-    "insert_record_into_rotation": (lambda g: put(g.rotations[1], [lines(g.rotations[1])[0], lines(g.rotations[0])[1], *lines(g.rotations[1])[1:]]), True),
-    "newest_rotation_and_active_deleted": (lambda g: (g.rotations[-1].unlink(), g.active.unlink(), g.head.unlink()) and None, True),
-}  # fmt: skip
+    "insert_record_into_rotation": (
+        lambda g: _splice(g.rotations[1], 1, lines(g.rotations[0])[1]),
+        True,
+    ),
+    "newest_rotation_and_active_deleted": (
+        lambda g: _delete(g.rotations[-1], g.active, g.head),
+        True,
+    ),
+}
 ANCHOR: dict[str, tuple[Tamper, bool]] = {
-    "anchor_deleted": (lambda g: g.anchor.unlink() if g.anchor else None, False),
-    "anchor_forged": (lambda g: g.anchor.write_bytes(g.anchor.read_bytes().replace(b'"seq":', b'"seq":1')) if g.anchor else None, False),
-}  # fmt: skip
+    "anchor_deleted": (lambda g: _delete(g.anchor) if g.anchor else None, False),
+    "anchor_forged": (_forge_anchor, False),
+}
 KINDS: dict[str, tuple[Tamper, bool]] = {**ACTIVE, **ROTATED, **ANCHOR}
 
 
