@@ -7,7 +7,9 @@ bits arrive with their exact digits."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -195,6 +197,17 @@ def test_the_lists_keep_their_invariant() -> None:
     assert prune(CHAT, {"model": "m", "cache_salt": "x"}, frozenset({"cache_salt"})) == [
         "cache_salt"
     ]
+
+
+def test_docs_list_every_field_the_code_knows() -> None:
+    text = (Path(__file__).parents[2] / "docs" / "policy.md").read_text()
+    section = text[text.index("## The body allowlist") : text.index("## `tenants[]`")]
+    listed = set(re.findall(r"`([a-z_.]+)`", section))
+    known = set().union(*fields.OPENAI.values(), *fields.ALLOWABLE.values(), fields.NEVER)
+    assert known - listed == set()
+    for kind, allowable in fields.ALLOWABLE.items():
+        row = next(line for line in section.splitlines() if line.startswith(f"| `{kind}` |"))
+        assert set(re.findall(r"`([a-z_.]+)`", row)) - {kind} == set(allowable), kind
 
 
 async def test_unknown_fields_reject_answers_400_and_sends_nothing(
