@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
 import logging
 import os
 import signal
@@ -90,10 +89,8 @@ def _run(args: argparse.Namespace, worker: int | None, parent: int | None = None
 
 def _die_with(parent: int) -> None:
     """Ask the kernel for SIGTERM when the parent dies; exit now if it already has."""
-    libc_name = ctypes.util.find_library("c")
-    if sys.platform.startswith("linux") and libc_name:
-        libc = ctypes.CDLL(libc_name, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if sys.platform.startswith("linux"):  # the process's own symbols include libc's prctl
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent:  # died before the request took effect
         raise SystemExit(0)
 

@@ -22,7 +22,8 @@ from gateway.audit.chainfile import ChainFile
 from gateway.audit.log import AuditLocked, AuditLog, AuditWriteError
 from gateway.audit.verify import verify_chain
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import ENV, KEYS, policy_text
+from tests.gateway.conftest import ENV
+from tests.hardening.procs import chat, command, free_port, gateway_policy, gone, launch
 from tests.hardening.tamper import SECRET, record
 from tests.polling import until, until_sync
 
@@ -154,71 +155,6 @@ async def test_a_log_that_lost_history_is_refused_and_left_untouched(
 
 
 # The real gateway, as processes.
-
-
-def gateway_policy(tmp_path: Path, upstream: FakeUpstream) -> Path:
-    for folder in ("audit", "anchor"):
-        (tmp_path / folder).mkdir(exist_ok=True)
-    (tmp_path / "audit.key").write_bytes(SECRET)
-    audit = (
-        "access_log: false\n  audit_log: {path: audit/audit.jsonl, key: {file: audit.key}, "
-        "anchor: anchor/audit.anchor}"
-    )
-    path = tmp_path / "p.yaml"
-    path.write_text(policy_text(upstream.url).replace("access_log: false", audit))
-    return path
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def command(policy: Path, port: int, workers: int = 2) -> list[str]:
-    return [sys.executable, "-m", "kvfence.cli", "gateway", "--policy", str(policy),
-            "--port", str(port), "--workers", str(workers)]  # fmt: skip
-
-
-async def launch(
-    policy: Path, port: int, workers: int = 2
-) -> tuple[asyncio.subprocess.Process, list[int]]:
-    """Start a gateway (its own process group) and wait until every worker serves; its log
-    goes to a file beside the policy."""
-    logs = policy.with_name(f"gateway-{port}-{os.urandom(4).hex()}.log")
-    with logs.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            *command(policy, port, workers), env={**os.environ, **ENV},
-            stdout=asyncio.subprocess.DEVNULL, stderr=out, start_new_session=True,
-        )  # fmt: skip
-
-    def serving() -> list[int]:
-        found = [int(orjson.loads(line)["pid"]) for line in logs.read_bytes().splitlines()
-                 if b'"msg":"serving"' in line]  # fmt: skip
-        assert proc.returncode is None, logs.read_text()
-        return found if len(found) == workers else []
-
-    return proc, await until(serving, 60, what="the gateway serving")
-
-
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().split(b") ", 1)[1][:1] == b"Z"
-    except FileNotFoundError:
-        return True
-
-
-async def chat(port: int, rid: str) -> int:
-    async with aiohttp.ClientSession() as http:
-        resp = await http.post(
-            f"http://127.0.0.1:{port}/v1/chat/completions",
-            json={"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]},
-            headers={"authorization": f"Bearer {KEYS['acme']}", "x-request-id": rid},
-        )
-        return resp.status
 
 
 def chains(tmp_path: Path) -> list[dict[str, Any]]:

@@ -20,36 +20,9 @@ from gateway.policy.load import parse_policy
 from gateway.policy.node import PolicyError
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway.conftest import ENV, KEYS, Gateway, policy_text, run_gateway
+from tests.hardening.probes import FORWARDED_BEFORE, OPENAI_KEPT, chat_body
 
 CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
-# Finding 2 as measured: each of these was forwarded verbatim.
-FORWARDED_BEFORE: dict[str, Any] = {
-    "kv_transfer_params": {"do_remote_prefill": True, "remote_block_ids": [1, 2, 3],
-                           "remote_engine_id": "victim-engine", "remote_host": "10.0.0.9"},
-    "bootstrap_host": "10.0.0.9",
-    "bootstrap_port": 8998,
-    "bootstrap_room": 42,
-    "rid": "victim-request",
-    "session_params": {"id": "victim-session", "rid": "r"},
-    "disaggregated_params": {"request_type": "generation_only", "ctx_request_id": 7},
-    "nvext": {"backend_instance_id": 3, "worker_id": 3, "session_control": {"id": "s"}},
-    "request_id": "victim-request",
-    "previous_response_id": "resp_victim",
-    "priority": -100,
-    "session_id": "victim-session",
-    "ec_transfer_params": {"remote_host": "10.0.0.9"},
-    "data_parallel_rank": 0,
-}  # fmt: skip
-IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA", "uuid": "v-img"},
-         "uuid": "victim-image", "content_hash": "victim-hash"}  # fmt: skip
-OPENAI_KEPT = {"temperature": 0.5, "max_tokens": 7, "stop": ["x"], "seed": 3, "user": "u-1",
-               "response_format": {"type": "json_object"}, "logit_bias": {"5": -100}}  # fmt: skip
-
-
-def chat_body(**extra: Any) -> dict[str, Any]:
-    message = {"role": "user", "uuid": "victim-message",
-               "content": [{"type": "text", "text": "hi", "uuid": "t"}, IMAGE]}  # fmt: skip
-    return {"model": "smollm2", "messages": [message], **OPENAI_KEPT, **extra}
 
 
 async def gateway_for(upstream: FakeUpstream, text: str) -> tuple[Gateway, Any]:

@@ -16,24 +16,11 @@ from gateway.policy.node import PolicyError
 from kvfence.cli import main as kvfence_main
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway.conftest import ENV, Gateway, make_policy, policy_text, run_gateway
+from tests.hardening.probes import BAD_POLICY_CONTENT
 from tests.polling import until
 
 MSG = [{"role": "user", "content": "hi"}]
-BAD_CONTENT: dict[str, bytes] = {
-    "invalid_utf8": b"version: 1\ngateway: \xff\xfe\n",
-    "nested_5000_deep": b"version: 1\ngateway: " + b"[" * 5000 + b"]" * 5000 + b"\n",
-    "nested_mappings": b"a:\n" + b"".join(b" " * i + b"b:\n" for i in range(1, 3000)),
-    "alias_bomb": b'a: &a ["x","x","x","x"]\nb: &b [*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b]\n'
-    b"d: &d [*c,*c,*c,*c]\ne: [*d,*d,*d,*d]\n",
-    "binary": bytes(range(256)) * 4,
-    "nul_bytes": b"version: 1\x00\x00\n",
-    "empty": b"",
-    "only_a_comment": b"# nothing here\n",
-    "a_list": b"- 1\n- 2\n",
-    "a_huge_scalar": b"version: " + b"9" * 100_000 + b"\n",
-    "tab_indented": b"version: 1\ngateway:\n\tlisten: {}\n",
-    "unknown_tag": b"version: !!python/object:os.system 1\n",
-}
+BAD_CONTENT = BAD_POLICY_CONTENT
 
 
 def write(path: Path, data: bytes) -> None:
