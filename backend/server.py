@@ -1,8 +1,11 @@
-"""The backend's HTTP server. Every request that reaches the engine first passes `_verified`,
-the one place a handle is checked, before any byte of its body is read; only the verifier's
-`Namespace` reaches the engine. `answer_errors` is the one place an error becomes HTTP.
+"""The backend's HTTP server. Every request that reaches the engine first passes `_checked`,
+the one place a handle is checked, before any byte of its body is read; the raw body is then
+compared with the handle's digest before it is parsed, and only then is the request id spent;
+only the verifier's `Namespace` reaches the engine. `answer_errors` is the one place an error
+becomes HTTP.
 
-Invariant: a request without a valid handle never reaches the engine, and its body is not read.
+Invariant: a request without a valid handle never reaches the engine, and its body is not read;
+a body other than the one its handle was signed for is refused (403 `body_mismatch`) unparsed.
 """
 
 from __future__ import annotations
@@ -67,8 +70,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def _generate(request: web.Request, endpoint: str) -> web.StreamResponse:
     backend = request.app[BACKEND]
-    handle = _checked(request, backend.verifier.verify)
-    req = api.parse_generation(api.parse_body(await request.read()), endpoint)
+    signed = _checked(request, backend.verifier.check)
+    raw = await request.read()
+    handle = _checked(request, lambda _: backend.verifier.admit(signed, raw))
+    req = api.parse_generation(api.parse_body(raw), endpoint)
     _checked(request, lambda _: handle.check_model(req.model))
     if req.model != backend.model.name or handle.revision != backend.model.revision:
         raise ModelNotFound(f"model {req.model!r} (this revision) is not served here", "model")

@@ -36,17 +36,18 @@ WORD_TEXT = (
 )
 WORDS = tuple(WORD_TEXT.split())
 INSTRUCTION = "\nWrite a long, detailed story that uses every one of the words above."
-HeaderFactory = Callable[[], Mapping[str, str]]
+HeaderFactory = Callable[[bytes], Mapping[str, str]]
 
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One server to measure. `headers` is called once per request (a handle may be single-use)."""
+    """One server to measure. `headers` is called once per request with the exact body bytes
+    (a handle is single-use and bound to its body)."""
 
     name: str
     base_url: str
     model: str
-    headers: HeaderFactory = field(default=lambda: {})
+    headers: HeaderFactory = field(default=lambda _body: {})
     cache_salt: str | None = None
     ignore_eos: bool = True
 
@@ -113,7 +114,9 @@ async def stream_once(
     usage: Mapping[str, Any] = {}
     body = chat_body(target, prompt, max_tokens)
     url = f"{target.base_url}/v1/chat/completions"
-    async with http.post(url, json=body, headers=dict(target.headers())) as resp:
+    data = json.dumps(body).encode()
+    headers = {"content-type": "application/json", **target.headers(data)}
+    async with http.post(url, data=data, headers=headers) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{target.name}: HTTP {resp.status}: {(await resp.text())[:300]}")
         async for raw in resp.content:
@@ -234,8 +237,8 @@ def backend_target(args: argparse.Namespace) -> Iterator[Target]:
         ]  # fmt: skip
         url = f"http://127.0.0.1:{port}"
 
-        def handle() -> Mapping[str, str]:
-            token = signer.sign(namespace, args.model, "1", uuid.uuid4().hex, audience)
+        def handle(body: bytes) -> Mapping[str, str]:
+            token = signer.sign(namespace, args.model, "1", uuid.uuid4().hex, audience, body=body)
             return {HANDLE_HEADER: token}
 
         with running_server(command, f"{url}/healthz", dict(os.environ), 300.0):
@@ -249,7 +252,7 @@ def url_target(args: argparse.Namespace) -> Iterator[Target]:
         args.name or args.url,
         args.url.rstrip("/"),
         args.model,
-        headers=lambda: headers,
+        headers=lambda _body: headers,
         cache_salt=args.cache_salt,
         ignore_eos=not args.no_ignore_eos,
     )

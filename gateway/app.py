@@ -1,7 +1,7 @@
 """The gateway application: routes, the filter chain, error mapping, metrics and access log.
 
-Invariant: every proxied request passes authn -> body -> route -> scrub -> namespace -> adapter
-before the proxy, against one policy snapshot; any other path answers 404.
+Invariant: every proxied request passes authn -> body -> route -> scrub -> allowlist ->
+namespace -> adapter before the proxy, against one policy snapshot; any other path answers 404.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from aiohttp import web
 
 from gateway.adapters.base import PROXIED_PATHS
 from gateway.audit.sink import AUDIT_SINK, AuditSink, audit_sink_ctx
+from gateway.edge import Edge
 from gateway.errors import GatewayError, NotFound, Overloaded, error_body
 from gateway.filters.adapter import inject
+from gateway.filters.allowlist import allow_fields
 from gateway.filters.authn import authenticate
 from gateway.filters.body import read_body
 from gateway.filters.limit import admit
@@ -38,6 +40,7 @@ from gateway.policy.runtime import Runtime
 from gateway.proxy import forward
 from gateway.state import (
     ADMITTED,
+    EDGE,
     HOLDER,
     IN_FLIGHT,
     LIMITS,
@@ -64,6 +67,7 @@ CHAIN: Final[tuple[Filter, ...]] = (
     read_body,
     choose_route,
     scrub_client_inputs,
+    allow_fields,
     derive,
     inject,
 )
@@ -220,6 +224,7 @@ def create_app(
     app = web.Application(middlewares=[frame])
     app[HOLDER] = PolicyHolder(Runtime(policy))
     app[METRICS] = Metrics()
+    app[EDGE] = Edge(app[METRICS])
     app[AUDIT_SINK] = AuditSink(policy.gateway.audit_log, worker)
     temporary = False
     if state_dir is None:

@@ -1,7 +1,10 @@
 """`kvfence gateway --policy FILE [--host] [--port] [--workers N]`.
 
-With N > 1 the parent forks N workers that share the port through SO_REUSEPORT and passes
-SIGTERM, SIGINT and SIGHUP on to them.
+With N > 1 the parent forks N workers that share the port through SO_REUSEPORT, passes SIGTERM,
+SIGINT and SIGHUP on to them, and stops them all when one exits. Workers die with their parent:
+the kernel sends them SIGTERM when it dies (Linux `PR_SET_PDEATHSIG`), and each also checks that
+its parent is still the process that forked it (at start, since that signal races the fork,
+and then every second), so a killed parent never leaves workers serving behind it.
 """
 
 from __future__ import annotations
@@ -9,14 +12,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Final
 
 from gateway.app import create_app
+from gateway.audit.chain import worker_path
+from gateway.audit.chainfile import check_free
+from gateway.audit.log import AuditWriteError
 from gateway.policy.load import load_policy
 from gateway.policy.node import PolicyError
 from gateway.preflight import problems
@@ -25,6 +33,8 @@ from gateway.verify.service import remove_state_dir, state_dir_for
 from kvfence.logs import configure_logging
 
 log = logging.getLogger("kvfence.gateway")
+PR_SET_PDEATHSIG: Final = 1
+PARENT_CHECK_S: Final = 1.0
 GENERATION = time.time()  # this start of the gateway; forked workers inherit it
 
 
@@ -36,8 +46,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
 
 
+async def _orphaned(parent: int | None, stop: asyncio.Event) -> None:
+    while parent is not None and not stop.is_set():
+        await asyncio.sleep(PARENT_CHECK_S)
+        if os.getppid() != parent:
+            log.warning("parent gone: stopping", extra={"pid": os.getpid()})
+            stop.set()
+
+
 async def _serve(
-    args: argparse.Namespace, worker: int | None, state_dir: Path | None, generation: float
+    args: argparse.Namespace, worker: int | None, parent: int | None, state_dir: Path | None
 ) -> None:
     policy = load_policy(args.policy)
     app = create_app(
@@ -45,7 +63,7 @@ async def _serve(
         reload_from=Path(args.policy),
         worker=worker,
         state_dir=state_dir,
-        generation=generation,
+        generation=GENERATION,
     )
     host = args.host or policy.gateway.listen.host
     port = policy.gateway.listen.port if args.port is None else args.port
@@ -65,24 +83,46 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watchdog = asyncio.create_task(_orphaned(parent, stop))
     try:
         await stop.wait()
     finally:
+        watchdog.cancel()
         await admin_runner.cleanup()
         await runner.cleanup()
 
 
-def _run(args: argparse.Namespace, worker: int | None, state_dir: Path | None = None) -> None:
-    serve = _serve(args, worker, state_dir, GENERATION)
+def _run(
+    args: argparse.Namespace,
+    worker: int | None,
+    parent: int | None = None,
+    state_dir: Path | None = None,
+) -> int:
+    """Serve until stopped; 2 with one line on stderr when the gateway cannot start (its audit
+    log is held by another process, or cannot be opened)."""
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve)
+        runner = asyncio.run
     else:
-        uvloop.run(serve)
+        runner = uvloop.run
+    try:
+        runner(_serve(args, worker, parent, state_dir))
+    except (AuditWriteError, OSError) as exc:
+        print(f"kvfence gateway: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
-def _child(args: argparse.Namespace, worker: int, state_dir: Path) -> int:
+def _die_with(parent: int) -> None:
+    """Ask the kernel for SIGTERM when the parent dies; exit now if it already has."""
+    if sys.platform.startswith("linux"):  # the process's own symbols include libc's prctl
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # died before the request took effect
+        raise SystemExit(0)
+
+
+def _child(args: argparse.Namespace, worker: int, parent: int, state_dir: Path) -> int:
     """A worker; a stop signal that arrives before its event loop runs still exits cleanly."""
 
     def early_stop(_sig: int, _frame: object) -> None:
@@ -90,16 +130,20 @@ def _child(args: argparse.Namespace, worker: int, state_dir: Path) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, early_stop)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the app's own handler is installed
     try:
-        _run(args, worker, state_dir)
+        _die_with(parent)
+        return _run(args, worker, parent, state_dir)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
-    return 0
+    except BaseException as exc:  # a forked child must never return into the parent's code
+        print(f"kvfence gateway: worker {worker} failed: {type(exc).__name__}", file=sys.stderr)
+        return 1
 
 
 def _fork_workers(args: argparse.Namespace) -> int:
-    # One verification state directory for all workers (a private temp one unless the policy
-    # names one); made here so every worker opens the same one, and removed by this process.
+    # One state directory for all workers (a private temp one unless the policy names one):
+    # made here so every worker opens the same one, and removed by this process.
     state_dir, temporary = state_dir_for(load_policy(args.policy))
     try:
         return _supervise(args, state_dir)
@@ -109,11 +153,11 @@ def _fork_workers(args: argparse.Namespace) -> int:
 
 
 def _supervise(args: argparse.Namespace, state_dir: Path) -> int:
-    children: list[int] = []
+    parent, children = os.getpid(), []
     for worker in range(1, args.workers + 1):
         pid = os.fork()
         if pid == 0:
-            os._exit(_child(args, worker, state_dir))
+            os._exit(_child(args, worker, parent, state_dir))
         children.append(pid)
 
     def forward(sig: int, _frame: object) -> None:
@@ -123,11 +167,17 @@ def _supervise(args: argparse.Namespace, state_dir: Path) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
-    status = 0
-    for child in children:
-        _, code = os.waitpid(child, 0)
+    status, alive = 0, set(children)
+    while alive:
+        pid, code = os.wait()
+        if pid not in alive:
+            continue
+        alive.discard(pid)
         status = status or os.waitstatus_to_exitcode(code)
-    return status
+        if alive and status:  # one worker failed: stop the others rather than run short
+            log.warning("worker exited: stopping", extra={"pid": pid, "status": status})
+            forward(signal.SIGTERM, None)
+    return abs(status)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -137,14 +187,22 @@ def main(args: argparse.Namespace) -> int:
             print(f"kvfence gateway: refusing to start: {problem}", file=sys.stderr)
         return 2
     try:
-        load_policy(args.policy)
+        policy = load_policy(args.policy)
     except PolicyError as exc:
         print("\n".join(exc.errors), file=sys.stderr)
         return 1
     if args.workers < 1:
         print("kvfence gateway: --workers must be at least 1", file=sys.stderr)
         return 2
+    audit = policy.gateway.audit_log
+    workers = [None] if args.workers == 1 else list(range(1, args.workers + 1))
+    try:
+        for worker in workers:
+            if audit is not None:  # one line now, rather than one per worker later
+                check_free(worker_path(audit.path, worker))
+    except AuditWriteError as exc:
+        print(f"kvfence gateway: refusing to start: {exc}", file=sys.stderr)
+        return 2
     if args.workers == 1:
-        _run(args, None)
-        return 0
+        return _run(args, None)
     return _fork_workers(args)

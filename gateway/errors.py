@@ -3,12 +3,16 @@ an error becomes OpenAI-style JSON, and `gateway.app`'s middleware the one place
 
 GatewayError
 ├── BadRequest (400)          ├── ClientInputRejected (400)   ├── MissingScopeValue (400)
+│   ├── MalformedRequest (400, edge)  ├── MalformedBody (400)  └── UnknownField (400)
 ├── Unauthenticated (401)     ├── Forbidden (403)             ├── NotFound (404)
-├── RequestTimeout (408)      ├── BodyTooLarge (413)          ├── RateLimited (429)
-├── NotSupported (501)        ├── Overloaded (503)
+├── MethodNotAllowed (405, edge)      ├── RequestTimeout (408) ├── BodyTooLarge (413)
+├── RateLimited (429)         ├── NotSupported (501)          ├── VersionNotSupported (505, edge)
 ├── UpstreamUnavailable (502) ├── AttestationRefused (502)    ├── AuditWriteFailed (502)
-├── AnswerTooLarge (502)
-├── HandleRefused (502)       ├── BackendQuarantined (503)   └── UpstreamTimeout (504)
+├── AnswerTooLarge (502)      ├── HandleRefused (502)         ├── Overloaded (503)
+├── BackendQuarantined (503)  └── UpstreamTimeout (504)
+
+The edge's errors (`gateway.edge`) are answered with `Connection: close`, and the connection is
+closed after them.
 """
 
 from __future__ import annotations
@@ -44,6 +48,29 @@ class MissingScopeValue(BadRequest):
     code = "missing_scope_value"
 
 
+class MalformedRequest(BadRequest):
+    """The listener cannot frame the request unambiguously; `reason` is the metric label."""
+
+    code = "malformed_request"
+    reason: str
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class MalformedBody(BadRequest):
+    """The body's framing broke while it was read (a bad chunk, a cut body)."""
+
+    code = "malformed_body"
+
+
+class UnknownField(BadRequest):
+    """A body field the policy does not allow, under `gateway.unknown_fields: reject`."""
+
+    code = "unknown_field"
+
+
 class Unauthenticated(GatewayError):
     status, type, code = 401, "authentication_error", "invalid_api_key"
 
@@ -60,6 +87,11 @@ class RateLimited(GatewayError):
     status, type, code = 429, "rate_limit_error", "rate_limit_exceeded"
 
 
+class MethodNotAllowed(GatewayError):
+    status, type, code = 405, "invalid_request_error", "method_not_allowed"
+    reason = "method"
+
+
 class RequestTimeout(GatewayError):
     status, type, code = 408, "invalid_request_error", "request_timeout"
 
@@ -70,6 +102,11 @@ class BodyTooLarge(GatewayError):
 
 class NotSupported(GatewayError):
     status, type, code = 501, "server_error", "not_supported"
+
+
+class VersionNotSupported(GatewayError):
+    status, type, code = 505, "invalid_request_error", "http_version_not_supported"
+    reason = "version"
 
 
 class UpstreamUnavailable(GatewayError):

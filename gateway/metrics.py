@@ -48,6 +48,12 @@ class Metrics:
             ["tenant", "input", "action"],
             registry=r,
         )
+        self.unknown_fields = Counter(
+            p + "unknown_fields",
+            "Body fields not forwarded (dropped, or the request rejected)",
+            ["backend", "field", "action"],
+            registry=r,
+        )
         self.cached_tokens = Counter(
             p + "cached_tokens",
             "Cached prompt tokens the backend reported",
@@ -56,6 +62,12 @@ class Metrics:
         )
         self.reloads = Counter(
             p + "policy_reloads", "Policy reloads by result", ["result"], registry=r
+        )
+        self.malformed = Counter(
+            p + "malformed_requests",
+            "Requests refused at the edge or by the HTTP parser",
+            ["reason"],
+            registry=r,
         )
         self.auth_failures = Counter(
             p + "auth_failures", "Refused authentications", ["reason"], registry=r

@@ -12,7 +12,6 @@ import logging
 import time
 
 import aiohttp
-import orjson
 from aiohttp import web
 
 from gateway.audit.judge import UNATTESTED, is_plain_error, judge
@@ -28,12 +27,12 @@ from gateway.exchange import Exchange
 from gateway.reading import read_chunk
 from gateway.sse import parse_usage
 from gateway.state import (
-    BODY,
     REQUEST_ID,
     ROUTE,
     RUNTIME,
     SESSION,
     TIMING,
+    UPSTREAM_BODY,
     UPSTREAM_HEADERS,
 )
 from gateway.stream_relay import SSE, relay_stream
@@ -44,7 +43,7 @@ log = logging.getLogger("kvfence.gateway.proxy")
 
 async def _open(request: web.Request) -> aiohttp.ClientResponse:
     route, runtime = request[ROUTE], request[RUNTIME]
-    data = orjson.dumps(request[BODY])
+    data = request[UPSTREAM_BODY]
     request[TIMING].upstream_sent = time.perf_counter()
     try:
         async with asyncio.timeout(runtime.policy.gateway.timeouts.first_byte_s):

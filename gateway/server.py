@@ -1,8 +1,9 @@
-"""Serving an app: the runner settings that bound what a client may hold.
+"""Serving an app: the runner settings that bound what a client may hold, and the edge.
 
 Invariant: an idle or trickling client is cut after `header_timeout_s` (aiohttp's keep-alive
 deadline also covers a connection whose request headers are incomplete), connections beyond
-`max_connections` are closed at once, and a client disconnect cancels its handler.
+`max_connections` are closed at once, a client disconnect cancels its handler, and every
+request passes `gateway.edge` before the app routes it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from aiohttp.web_protocol import RequestHandler
 
 from gateway.admin import create_admin_app
 from gateway.app import WATCH
-from gateway.state import HOLDER
+from gateway.edge import ServerLog, guard
+from gateway.state import EDGE, HOLDER
 
 
 def _cap_connections(server: web.Server, limit: int) -> None:
@@ -34,15 +36,18 @@ async def start(
 ) -> web.AppRunner:
     """Start serving; `bound_port(runner)` tells which port (pass 0 for any)."""
     limits = app[HOLDER].runtime.policy.gateway.limits
+    edge = app[EDGE]
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
         access_log=None,
         keepalive_timeout=limits.header_timeout_s,
+        logger=ServerLog(edge),
     )
     await runner.setup()
     assert runner.server is not None
     _cap_connections(runner.server, limits.max_connections)
+    guard(runner.server, edge)
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=1024)
     await site.start()
     return runner

@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from gateway.edge import Edge
 from gateway.limits import SharedLimits
 from gateway.metrics import Metrics
 from gateway.policy.model import Tenant
@@ -50,6 +51,8 @@ NAMESPACE = web.RequestKey("kvfence_namespace", str)  # filters.namespace
 UPSTREAM_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey(
     "kvfence_upstream_headers", dict
 )  # filters.adapter
+# The exact bytes sent upstream (a kvfence handle binds their digest).
+UPSTREAM_BODY = web.RequestKey("kvfence_upstream_body", bytes)  # filters.adapter
 DROP_USAGE = web.RequestKey("kvfence_drop_usage", bool)  # filters.adapter
 ADMITTED = web.RequestKey("kvfence_admitted", bool)  # filters.limit: release at the end
 USED_TOKENS = web.RequestKey("kvfence_used_tokens", int)  # audit.settle: what the answer used
@@ -59,3 +62,4 @@ HOLDER = web.AppKey("kvfence_policy_holder", PolicyHolder)
 LIMITS = web.AppKey("kvfence_limits", SharedLimits)
 IN_FLIGHT = web.AppKey("kvfence_in_flight", InFlight)
 SESSION = web.AppKey("kvfence_upstream_session", aiohttp.ClientSession)
+EDGE = web.AppKey("kvfence_edge", Edge)  # counts and logs malformed requests

@@ -2,25 +2,37 @@
 (docs/protocol.md has the format; the token core is `kvfence.token`).
 
 Invariant: `HandleVerifier` is the only production code that mints a `Namespace`, and only after
-the signature, key id, lifetime, audience, scope, model and replay checks have all passed.
+the signature, key id, lifetime, audience, scope, body and replay checks have all passed. A
+request handle names the SHA-256 of the exact body it was signed for (`bd`): `check` runs before
+a byte of the body is read, `admit` compares the body in constant time and only then spends the
+request id, so a captured handle can neither carry another body nor be burned by one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import hmac
+import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from kvfence.capability import Namespace, _mint
-from kvfence.keyfile import TrustStore, check_key_id
+from kvfence.keyfile import TrustStore, b64url, check_key_id
 from kvfence.token import Clock, TokenError, claim, open_token, sign_token
 
 HANDLE_HEADER: Final = "x-kvfence-handle"
 HANDLE_PREFIX: Final = "kvh1"
+_DIGEST_RE: Final = re.compile(r"^[A-Za-z0-9_-]{43}$")  # base64url of 32 bytes, unpadded
+
+
+def body_digest(body: bytes) -> str:
+    """The `bd` claim: base64url (unpadded) of SHA-256 of the exact request body bytes."""
+    return b64url(hashlib.sha256(body).digest())
 
 
 class HandleError(TokenError):
@@ -30,7 +42,7 @@ class HandleError(TokenError):
 
 class HandleForbidden(HandleError):
     """403: a genuine handle used for something it does not allow: wrong_audience,
-    wrong_scope, wrong_model, wrong_action."""
+    wrong_scope, wrong_model, wrong_action, body_mismatch."""
 
     status = 403
 
@@ -39,6 +51,22 @@ class HandleUnavailable(HandleError):
     """503: replay_store_full (too many live handles to remember; fail closed)."""
 
     status = 503
+
+
+@dataclass(frozen=True, slots=True)
+class SignedHandle:
+    """A request handle whose signature, claims, lifetime, audience and scope are checked; not
+    yet bound to a body nor admitted (`HandleVerifier.admit`). Carries no capability."""
+
+    namespace: str
+    request_id: str
+    model: str
+    revision: str
+    issued_at: float
+    expires_at: float
+    key_id: str
+    body_digest: str
+    seal: object = field(repr=False, compare=False)  # the verifier that checked it
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +118,14 @@ class HandleSigner:
         request_id: str,
         audience: str,
         ttl: float = 60.0,
+        *,
+        body: bytes,
     ) -> str:
+        """A request handle for exactly `body`, the bytes the gateway sends upstream."""
         if not namespace or not model:
             raise ValueError("namespace and model must be non-empty")
         claims = self._claims("handle", request_id, audience, ttl)
-        claims.update(ns=namespace, model=model, rev=revision)
+        claims.update(ns=namespace, model=model, rev=revision, bd=body_digest(body))
         return sign_token(HANDLE_PREFIX, claims, self._key)
 
     def sign_admin(
@@ -151,6 +182,7 @@ class HandleVerifier:
         self._max_ttl = max_ttl
         self._clock = clock
         self._replay = _ReplayGuard(replay_capacity)
+        self._seal = object()  # marks the SignedHandles this verifier checked
 
     @property
     def live_request_ids(self) -> int:
@@ -178,16 +210,35 @@ class HandleVerifier:
             raise HandleForbidden("wrong_scope", f"not a {typ} handle")
         return claims, iat, exp
 
-    def verify(self, token: str | None) -> VerifiedHandle:
-        """A request handle, checked before anything else of the request is read; the model
-        it names is compared with the body's afterwards (`VerifiedHandle.check_model`)."""
+    def check(self, token: str | None) -> SignedHandle:
+        """A request handle, checked before anything else of the request is read. A handle
+        without a body digest is malformed."""
         claims, iat, exp = self._open(token, "handle")
         model = claim(claims, "model", str, HandleError)
         revision = claim(claims, "rev", str, HandleError)
-        self._replay.admit((claims["kid"], claims["rid"]), exp + self._skew, self._clock())
+        digest = claim(claims, "bd", str, HandleError)
+        if not _DIGEST_RE.fullmatch(digest):
+            raise HandleError("malformed", "claim 'bd' is not a SHA-256 digest")
+        ns, rid, kid = claims["ns"], claims["rid"], claims["kid"]
+        return SignedHandle(ns, rid, model, revision, iat, exp, kid, digest, self._seal)
+
+    def admit(self, handle: SignedHandle, body: bytes) -> VerifiedHandle:
+        """Bind `handle` to `body`, the raw request body (before it is parsed), then spend its
+        request id; the model the body asks for is compared afterwards (`check_model`)."""
+        if handle.seal is not self._seal:
+            raise HandleError("malformed", "not checked by this verifier")
+        if not hmac.compare_digest(body_digest(body), handle.body_digest):
+            raise HandleForbidden("body_mismatch", "the body is not the one the handle is for")
+        key = (handle.key_id, handle.request_id)
+        self._replay.admit(key, handle.expires_at + self._skew, self._clock())
         return VerifiedHandle(
-            _mint(claims["ns"]), claims["rid"], model, revision, iat, exp, claims["kid"]
-        )
+            _mint(handle.namespace), handle.request_id, handle.model, handle.revision,
+            handle.issued_at, handle.expires_at, handle.key_id,
+        )  # fmt: skip
+
+    def verify(self, token: str | None, body: bytes) -> VerifiedHandle:
+        """`check` then `admit`: a request handle for the request body `body`."""
+        return self.admit(self.check(token), body)
 
     def verify_admin(self, token: str | None, action: str) -> VerifiedAdmin:
         claims, iat, exp = self._open(token, "admin")

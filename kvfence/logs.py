@@ -1,34 +1,71 @@
 """JSON-lines logging and the one redaction helper every header dict passes before a log line.
 
-Invariant: no log line carries a credential, a handle or a prompt.
+Invariant: no log line carries a credential, a handle or a prompt: a header is redacted when its
+name is a credential's (any spelling, `_` or `-`, any case) or its value looks like one, at every
+log level alike.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import Iterable
 from typing import Any, Final
 
 import orjson
 
+REDACTED: Final = "<redacted>"
 REDACTED_HEADERS: Final = frozenset(
     {
         "authorization",
+        "proxy-authorization",
         "x-api-key",
+        "api-key",
         "cookie",
         "set-cookie",
-        "proxy-authorization",
         "x-kvfence-handle",
+        "x-kvfence-attestation",  # names namespaces
     }
 )
+# A header name with one of these words (split at `-`) is a credential's: `x-auth-token`,
+# `ocp-apim-subscription-key`, `x-goog-api-key`, `x-session-secret`, `x-amz-security-token`...
+CREDENTIAL_WORDS: Final = frozenset(
+    {
+        "key",
+        "apikey",
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "auth",
+        "authorization",
+        "credential",
+        "credentials",
+        "cookie",
+        "session",
+        "signature",
+        "handle",
+        "attestation",
+    }
+)
+# Values that are credentials whatever header carries them: our API keys, handles and
+# attestations, and any `Bearer`/`Basic` credential.
+_CREDENTIAL_VALUE: Final = re.compile(r"(?i)\s*(kvf_|kvh1\.|kva1\.|bearer\s|basic\s)")
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+def is_credential_header(name: str) -> bool:
+    form = name.strip().lower().replace("_", "-")
+    return form in REDACTED_HEADERS or not CREDENTIAL_WORDS.isdisjoint(form.split("-"))
 
 
 def redact_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     """A loggable copy: credential and handle headers replaced by `<redacted>`."""
     return {
-        str(k): "<redacted>" if k.lower().replace("_", "-") in REDACTED_HEADERS else v
+        str(k): REDACTED
+        if is_credential_header(str(k)) or _CREDENTIAL_VALUE.match(str(v))
+        else str(v)
         for k, v in headers
     }
 

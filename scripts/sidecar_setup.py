@@ -32,7 +32,7 @@ def policy(vllm_url: str, model: str, port: int, admin: int, block: int) -> str:
     models: [{model}]"""
         for tenant in TENANTS
     )
-    return f"""# Written by scripts/sidecar (rewritten on every run; edit the script's options instead).
+    return f"""# Written by scripts/sidecar on every run: change its options, not this file.
 version: 1
 gateway:
   listen: {{host: 127.0.0.1, port: {port}}}

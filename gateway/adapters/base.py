@@ -31,3 +31,8 @@ class Adapter(ABC):
     @abstractmethod
     def inject(self, path: str, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
         """Write namespace `ns` into the upstream body or headers for `path`."""
+
+    def bind(self, data: bytes, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
+        """Called after `inject` with `data`, the exact upstream body bytes (`body` encoded); an
+        adapter whose scope token covers the body (kvfence's handle) writes it here."""
+        return

@@ -1,8 +1,9 @@
 """kvfence's own backend: the namespace travels in a signed, expiring handle, never in clear.
 
 Invariant: every upstream request carries a fresh handle bound to one upstream request id, the
-namespace, the model and revision, and the backend's audience; the id is unique per request even
-when a client repeats its `x-request-id`, so a handle is never refused as a replay by accident.
+namespace, the model and revision, the backend's audience and the digest of the exact body sent;
+the id is unique per request even when a client repeats its `x-request-id`, so a handle is never
+refused as a replay by accident.
 """
 
 from __future__ import annotations
@@ -31,12 +32,20 @@ class KvfenceAdapter(Adapter):
         self._revisions = {m.name: m.revision for m in backend.models}
 
     def inject(self, path: str, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
-        options = self.backend.kvfence
-        if self.signer is None or options is None:
+        if self.signer is None or self.backend.kvfence is None:
             raise NotSupported("this gateway has no handle key for kvfence backends")
+        headers[UPSTREAM_ID_HEADER] = f"{headers[UPSTREAM_ID_HEADER]}.{secrets.token_hex(6)}"
+
+    def bind(self, data: bytes, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
+        options = self.backend.kvfence
+        assert self.signer is not None and options is not None  # inject refused otherwise
         model = body["model"]
-        upstream_id = f"{headers[UPSTREAM_ID_HEADER]}.{secrets.token_hex(6)}"
-        headers[UPSTREAM_ID_HEADER] = upstream_id
         headers[HANDLE_HEADER] = self.signer.sign(
-            ns, model, self._revisions[model], upstream_id, options.audience, self.ttl_s
+            ns,
+            model,
+            self._revisions[model],
+            headers[UPSTREAM_ID_HEADER],
+            options.audience,
+            self.ttl_s,
+            body=data,
         )

@@ -1,5 +1,7 @@
-"""`kvfence audit verify`: check an audit log (gateway.audit.verify). Exit 0 with a summary
-when intact, 1 with the first bad file and line when not, 2 when the key cannot be read."""
+"""`kvfence audit verify FILE`: check an audit log, all of it (gateway.audit.verify): every
+rotation, the active file, its checkpoint and, with `--anchor`, its anchor. Exit 0 with a
+summary when intact; 1 with the first bad file and line when tampered with (or cut, rolled back,
+pruned); 2 when the key cannot be read; 3 when the log was written under another key."""
 
 from __future__ import annotations
 
@@ -7,8 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from gateway.audit.log import mac_key, rotated_paths
-from gateway.audit.verify import AuditVerifyError, verify_files
+from gateway.audit.chain import mac_key
+from gateway.audit.verify import AuditVerifyError, WrongKey, verify_chain
 from kvfence.secrets import from_env, from_file
 
 
@@ -21,9 +23,13 @@ def load_key(key_env: str | None, key_file: Path | None) -> bytes:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
-    verify = sub.add_parser("verify", help="verify an audit log")
+    verify = sub.add_parser("verify", help="verify an audit log: every file, checkpoint, anchor")
     verify.add_argument("file", type=Path, help="the audit log (the active file)")
-    verify.add_argument("--rotated", action="store_true", help="also verify FILE.1, FILE.2, ...")
+    verify.add_argument("--anchor", type=Path, help="the log's anchor (policy audit_log.anchor)")
+    verify.add_argument(
+        "--allow-pruned", action="store_true", help="accept a chain whose oldest files you deleted"
+    )
+    verify.add_argument("--rotated", action="store_true", help=argparse.SUPPRESS)  # always now
     keys = verify.add_mutually_exclusive_group()
     keys.add_argument("--key-env", default="KVFENCE_AUDIT_KEY", help="env var holding the key")
     keys.add_argument("--key-file", type=Path, help="file holding the key")
@@ -35,12 +41,23 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"kvfence audit: {exc}", file=sys.stderr)
         return 2
-    paths = [*rotated_paths(args.file), args.file] if args.rotated else [args.file]
     try:
-        summaries = verify_files(paths, key)
+        summaries = verify_chain(args.file, key, args.anchor, args.allow_pruned)
+    except WrongKey as exc:
+        print(f"kvfence audit: WRONG KEY {exc}", file=sys.stderr)
+        return 3
     except AuditVerifyError as exc:
         print(f"kvfence audit: FAILED {exc}", file=sys.stderr)
         return 1
     records = sum(s.records for s in summaries)
-    print(f"ok: {records} records in {len(summaries)} file(s), chain and checkpoint intact")
+    recovered = sum(s.recoveries for s in summaries)
+    start = "from its origin" if summaries[0].origin else "pruned: its oldest files are gone"
+    checked = (
+        "checkpoint and anchor intact"
+        if args.anchor
+        else "checkpoint intact (no --anchor: a rollback of file and checkpoint together "
+        "would not be seen)"
+    )
+    n = len(summaries)
+    print(f"ok: {records} records in {n} file(s), chain {start}, {recovered} recoveries, {checked}")
     return 0

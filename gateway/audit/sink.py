@@ -1,5 +1,6 @@
 """The open audit log of the running policy: opened once, kept across reloads whose audit log
-settings are unchanged, reopened (and the old one closed) when they change.
+settings are unchanged, reopened when they change (the old one closed first: it holds its
+chain's lock).
 
 Invariant: a record is written to the log of the policy snapshot its request was served under;
 a log that cannot be opened or written fails the request closed.
@@ -10,22 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from gateway.audit.chain import worker_path
 from gateway.audit.log import AuditLog, AuditWriteError
 from gateway.policy.model import AuditLogSettings
 
 log = logging.getLogger("kvfence.gateway.audit")
-
-
-def worker_path(path: Path, worker: int | None) -> Path:
-    """Each worker process of one gateway keeps its own chain: `audit.jsonl` -> `audit.w2.jsonl`."""
-    if worker is None:
-        return path
-    return path.with_name(f"{path.stem}.w{worker}{path.suffix}")
+_UNSET = object()
+__all__ = ["AUDIT_SINK", "AuditSink", "audit_sink_ctx", "open_log", "worker_path"]
 
 
 def open_log(settings: AuditLogSettings, worker: int | None = None) -> AuditLog:
@@ -37,6 +33,7 @@ def open_log(settings: AuditLogSettings, worker: int | None = None) -> AuditLog:
         batch_max_records=settings.batch_max_records,
         batch_max_ms=settings.batch_max_ms,
         rotate_bytes=settings.rotate_bytes,
+        anchor=None if settings.anchor is None else worker_path(settings.anchor, worker),
     )
 
 
@@ -44,28 +41,22 @@ class AuditSink:
     """Holds the current `AuditLog` (or none) for the app."""
 
     def __init__(self, settings: AuditLogSettings | None, worker: int | None = None) -> None:
-        self._settings = settings
+        self._settings: object = settings  # _UNSET while no log matches any settings
         self._worker = worker
         self._log = open_log(settings, worker) if settings is not None else None
         self._lock = asyncio.Lock()
-        self._closing: set[asyncio.Task[None]] = set()
 
     async def _current(self, settings: AuditLogSettings | None) -> AuditLog | None:
-        if settings == self._settings:
+        if settings == self._settings and not self._lock.locked():
             return self._log
-        async with self._lock:
+        async with self._lock:  # callers wait while a log is switched
             if settings != self._settings:
-                old = self._log
-                self._log = (
-                    None
-                    if settings is None
-                    else await asyncio.to_thread(open_log, settings, self._worker)
-                )
+                old, self._log, self._settings = self._log, None, _UNSET
+                if old is not None:  # its queued records are written before it closes
+                    await old.close()
+                if settings is not None:  # a failure leaves _UNSET: the next call retries
+                    self._log = await asyncio.to_thread(open_log, settings, self._worker)
                 self._settings = settings
-                if old is not None:
-                    task = asyncio.create_task(old.close())
-                    self._closing.add(task)
-                    task.add_done_callback(self._closing.discard)
             return self._log
 
     async def append(self, settings: AuditLogSettings | None, record: dict[str, Any]) -> bool:
@@ -76,14 +67,14 @@ class AuditSink:
         except (AuditWriteError, OSError) as exc:
             log.error("audit log cannot be opened", extra={"error": str(exc)})
             raise AuditWriteError(str(exc)) from exc
-        if current is None:
+        if settings is None:
             return False
+        if current is None:
+            raise AuditWriteError(f"audit log {settings.path} is not open")
         await current.append(record)
         return True
 
     async def close(self) -> None:
-        if self._closing:
-            await asyncio.gather(*self._closing)
         if self._log is not None:
             await self._log.close()
 

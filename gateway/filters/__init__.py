@@ -1,3 +1,3 @@
-"""The request filter chain: authn -> body -> route -> scrub -> namespace -> adapter; then the
-proxy. Each filter reads and writes `gateway.state` slots, may raise a `GatewayError` to answer
-locally, and never imports another filter."""
+"""The request filter chain: authn -> body -> route -> scrub -> allowlist -> namespace ->
+adapter; then the proxy. Each filter reads and writes `gateway.state` slots, may raise a
+`GatewayError` to answer locally, and never imports another filter."""

@@ -1,4 +1,8 @@
-"""Adapter step: the upstream headers, the backend's namespace injection, usage for streams."""
+"""Adapter step: the upstream headers, the backend's namespace injection, usage for streams, and
+the exact upstream body bytes (which a kvfence handle is then signed over).
+
+Invariant: `UPSTREAM_BODY` is the last form of the body: nothing changes what is sent after it.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,18 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway import jsonbody
 from gateway.adapters.base import CHAT, COMPLETIONS
-from gateway.state import BODY, DROP_USAGE, METRICS, NAMESPACE, REQUEST_ID, ROUTE, UPSTREAM_HEADERS
+from gateway.state import (
+    BODY,
+    DROP_USAGE,
+    METRICS,
+    NAMESPACE,
+    REQUEST_ID,
+    ROUTE,
+    UPSTREAM_BODY,
+    UPSTREAM_HEADERS,
+)
 
 
 def _ask_for_usage(body: dict[str, Any]) -> bool:
@@ -26,10 +40,14 @@ async def inject(request: web.Request) -> None:
     headers = {"content-type": "application/json", "x-request-id": request[REQUEST_ID]}
     if route.backend.api_key is not None:
         headers["authorization"] = "Bearer " + route.backend.api_key.value.decode()
-    route.adapter.inject(request.path, body, headers, request[NAMESPACE])
+    ns = request[NAMESPACE]
+    route.adapter.inject(request.path, body, headers, ns)
     if route.adapter.scoped:
         metrics = request.app[METRICS]
         metrics.child(metrics.namespaces_injected, route.backend.name).inc()
     streaming = body.get("stream") is True and request.path in (CHAT, COMPLETIONS)
     request[DROP_USAGE] = _ask_for_usage(body) if streaming else False
+    data = jsonbody.dumps(body)
+    route.adapter.bind(data, body, headers, ns)
+    request[UPSTREAM_BODY] = data
     request[UPSTREAM_HEADERS] = headers

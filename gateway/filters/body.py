@@ -1,17 +1,19 @@
 """Body reading: size-limited, deadline-bound, parsed as one JSON object.
 
-Parsing and later re-serialising means duplicate keys and parser quirks never reach a backend.
+Parsing and later re-serialising means duplicate keys and parser quirks never reach a backend;
+integers beyond 64 bits are kept exact (`gateway.jsonbody`). A body whose framing breaks while
+it is read (a bad chunk, bad compression) is a 400, counted as malformed, never a 500.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-import orjson
 from aiohttp import web
 
-from gateway.errors import BadRequest, BodyTooLarge, RequestTimeout
-from gateway.state import BODY, RUNTIME
+from gateway import jsonbody
+from gateway.errors import BadRequest, BodyTooLarge, MalformedBody, RequestTimeout
+from gateway.state import BODY, EDGE, RUNTIME
 
 
 async def _read_limited(request: web.Request, limit: int) -> bytes:
@@ -39,16 +41,19 @@ def _arrived(request: web.Request, limit: int) -> bytes | None:
 
 async def read_body(request: web.Request) -> None:
     limits = request[RUNTIME].policy.gateway.limits
-    raw = _arrived(request, limits.max_body_bytes)
-    if raw is None:
-        try:
+    try:
+        raw = _arrived(request, limits.max_body_bytes)
+        if raw is None:
             async with asyncio.timeout(limits.body_timeout_s):
                 raw = await _read_limited(request, limits.max_body_bytes)
-        except TimeoutError:
-            raise RequestTimeout("request body not received in time") from None
+    except TimeoutError:
+        raise RequestTimeout("request body not received in time") from None
+    except web.RequestPayloadError:
+        request.app[EDGE].refused("body")
+        raise MalformedBody("the request body could not be read (framing or encoding)") from None
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        body = jsonbody.loads(raw)
+    except ValueError:
         raise BadRequest("the request body must be JSON") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")

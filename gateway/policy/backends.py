@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 
 from gateway.adapters.registry import ADAPTERS
+from gateway.filters.fields import extra_field_problem
 from gateway.policy.keys import read_trust
 from gateway.policy.model import AuditMode, Backend, KvfenceOptions, ModelSpec, VerifySettings
 from gateway.policy.node import Node, unique_items
@@ -20,7 +21,10 @@ from gateway.policy.verify import read_verify
 
 _F = frozenset
 _BACKEND_REQ = _F({"name", "kind", "url", "models"})
-_BACKEND_OPT = _F({"allow_unscoped", "api_key", "audience", "audit", "attestation_keys", "verify"})
+_BACKEND_OPT = _F(
+    {"allow_unscoped", "api_key", "audience", "audit", "attestation_keys", "extra_fields"}
+    | {"verify"}
+)
 _KVFENCE_ONLY = _F({"audience", "attestation_keys"})
 _VERIFIABLE = _F({"vllm", "sglang", "trtllm", "dynamo"})  # scoped kinds that do not attest
 _NAME_RE = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
@@ -44,6 +48,17 @@ def _models(node: Node, scoped: bool, seen: dict[str, tuple[str, bool]]) -> tupl
         seen[name] = (revision, scoped)
         out.append(ModelSpec(name, revision))
     return tuple(out)
+
+
+def _extra_fields(node: Node, kind: str) -> frozenset[str]:
+    names: set[str] = set()
+    for item in node.items():
+        name = item.text()
+        problem = extra_field_problem(kind, name)
+        if problem is not None:
+            item.fail(problem)
+        names.add(name)
+    return frozenset(names)
 
 
 def _kvfence(f: dict[str, Node], base: Path) -> KvfenceOptions:
@@ -73,6 +88,7 @@ def _backend(
     allow_unscoped = f["allow_unscoped"].boolean() if "allow_unscoped" in f else False
     if not ADAPTERS[kind].scoped and not allow_unscoped:
         f["kind"].fail(f"kind {kind} cannot scope its prefix cache; set allow_unscoped: true")
+    extra = _extra_fields(f["extra_fields"], kind) if "extra_fields" in f else frozenset()
     return Backend(
         name=f["name"].text(_NAME_RE),
         kind=kind,
@@ -83,6 +99,7 @@ def _backend(
         kvfence=_kvfence(f, base) if kind == "kvfence" else None,
         audit=AuditMode(f["audit"].choice(tuple(AuditMode))) if "audit" in f else AuditMode.ENFORCE,
         verify=_verify(f, kind, base),
+        extra_fields=extra,
     )
 
 

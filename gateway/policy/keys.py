@@ -6,6 +6,7 @@ a policy error naming the file, the line and the key path, never a failure at re
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -17,7 +18,7 @@ from kvfence.keyfile import KEY_ID_RE, KeyFileError, TrustStore, load_private_ke
 
 _F = frozenset
 _AUDIT_REQ: Final = _F({"path", "key"})
-_AUDIT_OPT: Final = _F({"fsync", "batch_max_records", "batch_max_ms", "rotate_bytes"})
+_AUDIT_OPT: Final = _F({"fsync", "batch_max_records", "batch_max_ms", "rotate_bytes", "anchor"})
 MIN_AUDIT_KEY_BYTES: Final = 16
 MAX_HANDLE_TTL_S: Final = 300.0  # the backend's verifier refuses longer lifetimes
 
@@ -58,13 +59,36 @@ def read_handle_ttl(node: Node) -> float:
     return ttl
 
 
+def writable_file(node: Node, path: Path) -> Path:
+    """`path` must be a file this process can create or append to: its folder exists and is
+    writable, and an existing file is a readable and writable regular file."""
+    folder = path.parent
+    if not folder.is_dir():
+        node.fail(f"folder {folder} does not exist: create it (mkdir -m 700) or change the path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        node.fail(f"folder {folder} is not writable by this user: fix its owner or mode")
+    if path.exists() and not (path.is_file() and os.access(path, os.R_OK | os.W_OK)):
+        node.fail(f"{path} exists but is not a file this user can read and write")
+    return path
+
+
+def _anchor(node: Node, path: Path, log_path: Path) -> Path:
+    """The anchor must live outside the log's folder: whoever can rewrite the log there must not
+    be able to rewrite the anchor too."""
+    folder = log_path.parent.resolve()
+    if path.parent.resolve() == folder or folder in path.resolve().parents:
+        node.fail(f"{path} is inside the log's folder {folder}: put the anchor elsewhere")
+    return writable_file(node, path)
+
+
 def read_audit_log(node: Node, env: Mapping[str, str], base: Path) -> AuditLogSettings:
     f = node.mapping(_AUDIT_REQ, _AUDIT_OPT)
     d = AuditLogSettings(Path(), resolve(f["key"], env, base, MIN_AUDIT_KEY_BYTES))
+    path = writable_file(f["path"], base / f["path"].text())
     fsync = FsyncMode(f["fsync"].choice(("always", "batch"))) if "fsync" in f else d.fsync
     batch_ms = f["batch_max_ms"].positive() if "batch_max_ms" in f else d.batch_max_ms
     return AuditLogSettings(
-        path=base / f["path"].text(),
+        path=path,
         key=d.key,
         fsync=fsync,
         batch_max_records=f["batch_max_records"].integer(1, 1 << 20)
@@ -74,4 +98,5 @@ def read_audit_log(node: Node, env: Mapping[str, str], base: Path) -> AuditLogSe
         rotate_bytes=f["rotate_bytes"].integer(4096, 1 << 40)
         if "rotate_bytes" in f
         else d.rotate_bytes,
+        anchor=_anchor(f["anchor"], base / f["anchor"].text(), path) if "anchor" in f else None,
     )

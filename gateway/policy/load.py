@@ -24,6 +24,7 @@ from gateway.policy.model import (
     NamespaceKeySpec,
     Policy,
     Timeouts,
+    UnknownFieldMode,
 )
 from gateway.policy.node import Bail, Node, PolicyError, compose, guarded
 from gateway.policy.secrets import resolve
@@ -37,7 +38,7 @@ _TOP = _F({"version", "gateway", "backends", "tenants"})
 _GATEWAY_REQ = _F({"namespace_keys", "api_key_pepper"})
 _GATEWAY_OPT = _F(
     {"listen", "client_inputs", "timeouts", "limits", "access_log", "handle_key", "handle_ttl_s"}
-    | {"audit_log", "admin", "state_dir", "history"}
+    | {"audit_log", "unknown_fields", "admin", "state_dir", "history"}
 )
 T = TypeVar("T")
 _HOST_RE = re.compile(r"^[A-Za-z0-9.:_-]+$")
@@ -117,6 +118,7 @@ def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
     pepper = guarded(lambda: resolve(f["api_key_pepper"], env, base, MIN_PEPPER_BYTES))
     listen = opt("listen", _listen, Listen())
     mode = opt("client_inputs", _client_inputs, ClientInputMode.STRIP)
+    unknown = opt("unknown_fields", _unknown_fields, UnknownFieldMode.DROP)
     timeouts = opt("timeouts", _timeouts, Timeouts())
     limits = opt("limits", _limits, ClientLimits())
     access_log = opt("access_log", Node.boolean, True)
@@ -128,32 +130,36 @@ def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
     history = opt("history", read_history, HistorySettings())
     read = (("handle_key", handle_key), ("audit_log", audit_log), ("state_dir", state_dir))
     unread = [k for k, v in read if k in f and v is None]
-    needed = (keys, pepper, listen, mode, timeouts, limits, access_log, handle_ttl, admin, history)
-    if unread or None in needed:
+    required = (keys, pepper, listen, mode, unknown, timeouts, limits, access_log, handle_ttl)
+    if unread or None in required or admin is None or history is None:
         raise Bail()
     assert keys is not None and pepper is not None and listen is not None
-    assert mode is not None and timeouts is not None and limits is not None
-    assert access_log is not None and handle_ttl is not None
-    assert admin is not None and history is not None
+    assert mode is not None and unknown is not None and timeouts is not None
+    assert limits is not None and access_log is not None and handle_ttl is not None
     return GatewaySettings(
-        keys,
-        pepper,
-        listen,
-        mode,
-        timeouts,
-        limits,
-        access_log,
-        handle_key,
-        handle_ttl,
-        audit_log,
-        admin,
-        state_dir,
-        history,
+        namespace_keys=keys,
+        api_key_pepper=pepper,
+        listen=listen,
+        client_inputs=mode,
+        unknown_fields=unknown,
+        timeouts=timeouts,
+        limits=limits,
+        access_log=access_log,
+        handle_key=handle_key,
+        handle_ttl_s=handle_ttl,
+        audit_log=audit_log,
+        admin=admin,
+        state_dir=state_dir,
+        history=history,
     )
 
 
 def _client_inputs(node: Node) -> ClientInputMode:
     return ClientInputMode(node.choice(("strip", "reject")))
+
+
+def _unknown_fields(node: Node) -> UnknownFieldMode:
+    return UnknownFieldMode(node.choice(("drop", "reject")))
 
 
 def parse_policy(
@@ -181,10 +187,19 @@ def parse_policy(
 
 
 def load_policy(path: str | Path) -> Policy:
-    """Read and validate a policy file (blocking: call it off the event loop when serving)."""
+    """Read and validate a policy file (blocking: call it off the event loop when serving).
+    Any content is either a `Policy` or a `PolicyError`: bytes that are not UTF-8 name the
+    line of the first bad byte."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise PolicyError([f"{path}:0: (file): cannot read: {exc.strerror}"]) from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise PolicyError(
+            [f"{path}:{line}: (file): not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x})"]
+        ) from None
     return parse_policy(text, str(path), base=path.parent)

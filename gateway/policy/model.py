@@ -26,6 +26,11 @@ class ClientInputMode(StrEnum):
     REJECT = "reject"
 
 
+class UnknownFieldMode(StrEnum):
+    DROP = "drop"
+    REJECT = "reject"
+
+
 class AuditMode(StrEnum):
     ENFORCE = "enforce"
     MONITOR = "monitor"
@@ -107,6 +112,7 @@ class AuditLogSettings:
     batch_max_records: int = 64
     batch_max_ms: float = 50.0
     rotate_bytes: int = 64 << 20
+    anchor: Path | None = None  # outside the log's folder: makes rollback detectable
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +141,7 @@ class GatewaySettings:
     api_key_pepper: Secret
     listen: Listen = Listen()
     client_inputs: ClientInputMode = ClientInputMode.STRIP
+    unknown_fields: UnknownFieldMode = UnknownFieldMode.DROP
     timeouts: Timeouts = Timeouts()
     limits: ClientLimits = ClientLimits()
     access_log: bool = True
@@ -210,6 +217,7 @@ class Backend:
     kvfence: KvfenceOptions | None = None
     audit: AuditMode = AuditMode.ENFORCE  # what a verdict other than clean/verified does
     verify: VerifySettings | None = None  # external scoped kinds: canaries and detective audit
+    extra_fields: frozenset[str] = frozenset()  # body fields beyond OpenAI's (filters.fields)
 
 
 @dataclass(frozen=True, slots=True)

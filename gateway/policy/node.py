@@ -146,6 +146,8 @@ def compose(text: str, source: str) -> Node:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         raise PolicyError([f"{source}:{line}: (top level): not valid YAML"]) from exc
+    except RecursionError:  # the composer recurses once per nesting level
+        raise PolicyError([f"{source}:1: (top level): nested too deeply"]) from None
     if root is None:
         raise PolicyError([f"{source}:1: (top level): the policy is empty"])
     return Node(root, "", errors)

@@ -1,7 +1,9 @@
 """Policy reload on SIGHUP and on file change: a valid policy swaps in whole, an invalid one is
 refused, logged and counted, and the running one stays.
 
-Invariant: `PolicyHolder.runtime` is replaced in one assignment; a request reads it once.
+Invariant: `PolicyHolder.runtime` is replaced in one assignment; a request reads it once. The
+watcher outlives any file content and any error of its own: each failure is one refusal,
+logged and counted, and the next change is read as usual.
 """
 
 from __future__ import annotations
@@ -58,20 +60,28 @@ class Reloader:
                 policy = await asyncio.to_thread(load_policy, self.path)
                 runtime = Runtime(policy)
             except PolicyError as exc:
-                self.metrics.reloads.labels("refused").inc()
-                log.warning("policy reload refused", extra={"errors": exc.errors})
-                return False
+                return self._refused(exc.errors)
+            except Exception as exc:  # any failure leaves the old policy in force
+                return self._refused([f"{self.path}:0: (file): {type(exc).__name__}"])
             self.holder.runtime = runtime
             self.metrics.reloads.labels("ok").inc()
             log.info("policy reloaded", extra={"summary": policy.summary()})
             return True
 
+    def _refused(self, errors: list[str]) -> bool:
+        self.metrics.reloads.labels("refused").inc()
+        log.warning("policy reload refused", extra={"errors": errors[:20]})
+        return False
+
     async def watch(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            current = await asyncio.to_thread(fingerprint, self.path)
-            if current is not None and current != self._seen:
-                await self.reload()
+            try:
+                current = await asyncio.to_thread(fingerprint, self.path)
+                if current is not None and current != self._seen:
+                    await self.reload()
+            except Exception as exc:  # the watcher must not die
+                self._refused([f"{self.path}:0: (watcher): {type(exc).__name__}"])
 
 
 def reload_ctx(reloader: Reloader) -> Callable[[web.Application], AsyncIterator[None]]:

@@ -24,6 +24,7 @@ from typing import Any, Final
 
 import orjson
 
+from gateway import jsonbody
 from gateway.adapters.base import CHAT, RESPONSES
 
 CHUNK: Final = 32
@@ -50,7 +51,7 @@ def _text(content: Any) -> bytes:
     return b"".join(
         part["text"].encode("utf-8", "surrogatepass")
         if isinstance(part, dict) and isinstance(part.get("text"), str)
-        else orjson.dumps(part, option=orjson.OPT_SORT_KEYS)
+        else jsonbody.dumps(part, orjson.OPT_SORT_KEYS)
         for part in (content if isinstance(content, list) else [content])
     )
 
@@ -60,7 +61,7 @@ def prompt_stream(path: str, body: dict[str, Any]) -> tuple[bytes, tuple[int, ..
     pieces: list[tuple[str, Any]] = []
     for key in ("tools", "functions", "response_format"):
         if body.get(key) is not None:  # rendered into the prompt by many chat templates
-            pieces.append((key, orjson.dumps(body[key], option=orjson.OPT_SORT_KEYS).decode()))
+            pieces.append((key, jsonbody.dumps(body[key], orjson.OPT_SORT_KEYS).decode()))
     if path == CHAT:
         messages = body.get("messages")
         for m in messages if isinstance(messages, list) else []:

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import ClientResponse
+from aiohttp.test_utils import TestClient
 
 from backend.engine.engine import Engine, EngineConfig
 from backend.model.load import LoadedModel
@@ -12,7 +17,7 @@ from backend.runner import ModelRunner
 from backend.service import Backend, ServedModel
 from backend.worker import EngineWorker
 from kvfence.attestation import AttestationSigner, AttestationVerifier
-from kvfence.handle import HandleSigner, HandleVerifier
+from kvfence.handle import HANDLE_HEADER, HandleSigner, HandleVerifier
 from kvfence.keyfile import TrustStore, generate_key
 from tests.backend.leaky_engine import LeakyEngine
 
@@ -32,11 +37,13 @@ class Kit:
         self,
         namespace: str,
         *,
+        body: bytes,
         model: str | None = None,
         audience: str = AUDIENCE,
         ttl: float = 60.0,
         request_id: str | None = None,
     ) -> str:
+        """A handle for exactly `body` (the bytes the request will carry)."""
         return self.signer.sign(
             namespace,
             model or self.model,
@@ -44,7 +51,22 @@ class Kit:
             request_id or uuid.uuid4().hex,
             audience,
             ttl,
+            body=body,
         )
+
+    async def post(
+        self,
+        client: TestClient[Any, Any],
+        path: str,
+        body: dict[str, Any] | bytes,
+        namespace: str,
+        **handle: Any,
+    ) -> ClientResponse:
+        """POST `body` with a handle signed for its exact bytes, as the gateway sends it."""
+        raw = body if isinstance(body, bytes) else orjson.dumps(body)
+        headers = {HANDLE_HEADER: self.handle(namespace, body=raw, **handle)}
+        headers["content-type"] = "application/json"
+        return await client.post(path, data=raw, headers=headers)
 
 
 def make_kit(loaded: LoadedModel, *, num_blocks: int = 256, leaky: bool = False) -> Kit:

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from backend.model.load import LoadedModel
 from backend.server import create_app
@@ -23,11 +23,9 @@ from kvfence.attestation import (
     Attestation,
     check_attestation,
 )
-from kvfence.handle import (
-    HANDLE_HEADER,
-    HandleSigner,
-)
-from kvfence.keyfile import generate_key
+from kvfence.handle import HANDLE_HEADER, HANDLE_PREFIX, HandleSigner
+from kvfence.keyfile import b64url_decode, generate_key
+from kvfence.token import sign_token
 from kvfence.verdict import Verdict
 from tests.backend.server_kit import Kit, make_kit
 from tests.polling import until
@@ -60,29 +58,72 @@ async def test_requests_without_a_valid_handle_never_reach_the_engine(
 
     kit.backend.worker.submit = spy  # type: ignore[method-assign]
     body = {"model": kit.model, "prompt": "hello", "max_tokens": 2}
-    forged = HandleSigner(generate_key(), "gw").sign("ns-a", kit.model, "1", "r1", "backend-test")
+    raw = orjson.dumps(body)
+    forged = HandleSigner(generate_key(), "gw").sign(
+        "ns-a", kit.model, "1", "r1", "backend-test", body=raw
+    )
     stale = HandleSigner(kit.signer._key, "gw", clock=lambda: time.time() - 600)
+    other_body = orjson.dumps({**body, "prompt": "another tenant's prompt"})
     cases = [
         ({}, 401, "missing_handle"),
         ({HANDLE_HEADER: "kvh1.garbage"}, 401, "malformed"),
         ({HANDLE_HEADER: forged}, 401, "bad_signature"),
-        ({HANDLE_HEADER: stale.sign("ns-a", kit.model, "1", "r2", "backend-test")}, 401, "expired"),
-        ({HANDLE_HEADER: kit.handle("ns-a", audience="another-backend")}, 403, "wrong_audience"),
-        ({HANDLE_HEADER: kit.handle("ns-a", model="another-model")}, 403, "wrong_model"),
+        (
+            {HANDLE_HEADER: stale.sign("ns-a", kit.model, "1", "r2", "backend-test", body=raw)},
+            401,
+            "expired",
+        ),
+        ({HANDLE_HEADER: _without_body_digest(kit, raw)}, 401, "malformed"),
+        (
+            {HANDLE_HEADER: kit.handle("ns-a", body=raw, audience="another-backend")},
+            403,
+            "wrong_audience",
+        ),
+        ({HANDLE_HEADER: kit.handle("ns-a", body=other_body)}, 403, "body_mismatch"),
+        ({HANDLE_HEADER: kit.handle("ns-a", body=raw, model="another-model")}, 403, "wrong_model"),
     ]
     for headers, status, code in cases:
-        resp = await client.post("/v1/completions", json=body, headers=headers)
+        resp = await client.post("/v1/completions", data=raw, headers=headers)
         assert resp.status == status, (code, await resp.text())
         assert (await resp.json())["error"]["code"] == code
     assert submitted == []
 
-    once = kit.handle("ns-a")
-    first = await client.post("/v1/completions", json=body, headers={HANDLE_HEADER: once})
+    once = kit.handle("ns-a", body=raw)
+    first = await client.post("/v1/completions", data=raw, headers={HANDLE_HEADER: once})
     assert first.status == 200
-    replay = await client.post("/v1/completions", json=body, headers={HANDLE_HEADER: once})
+    replay = await client.post("/v1/completions", data=raw, headers={HANDLE_HEADER: once})
     assert replay.status == 401
     assert (await replay.json())["error"]["code"] == "replayed"
     assert len(submitted) == 1
+
+
+def _without_body_digest(kit: Kit, raw: bytes) -> str:
+    """A genuinely signed handle of the old shape: every claim but the body digest."""
+    claims = orjson.loads(b64url_decode(kit.handle("ns-a", body=raw).split(".")[1]))
+    del claims["bd"]
+    return sign_token(HANDLE_PREFIX, claims, kit.signer._key)
+
+
+async def test_a_captured_handle_cannot_carry_another_body(tiny: tuple[Kit, Client]) -> None:
+    """A handle taken off the wire before its request arrives, sent with the attacker's own
+    body, is refused before the body is parsed and never reaches the engine."""
+    kit, client = tiny
+    submitted: list[Any] = []
+    real_submit = kit.backend.worker.submit
+    kit.backend.worker.submit = lambda *a: submitted.append(a) or real_submit(*a)  # type: ignore[method-assign]
+    victim = orjson.dumps({"model": kit.model, "prompt": "victim", "max_tokens": 1})
+    for attack in (
+        orjson.dumps({"model": kit.model, "prompt": "attacker", "max_tokens": 1}),
+        victim + b" ",  # the same JSON, one byte longer
+        victim.replace(b'"max_tokens":1', b'"max_tokens":2'),
+        b"",
+    ):
+        captured = kit.handle("victim-ns", body=victim)
+        resp = await client.post("/v1/completions", data=attack, headers={HANDLE_HEADER: captured})
+        assert resp.status == 403
+        assert (await resp.json())["error"]["code"] == "body_mismatch"
+        assert ATTESTATION_HEADER not in resp.headers
+    assert submitted == []
 
 
 async def test_malformed_bodies_get_400_not_a_crash(tiny: tuple[Kit, Client]) -> None:
@@ -95,21 +136,15 @@ async def test_malformed_bodies_get_400_not_a_crash(tiny: tuple[Kit, Client]) ->
         b'{"model": "tiny", "prompt": "x", "max_tokens": -1}',
         b'{"model": "tiny", "messages": [{"role": "user"}]}',
     ]:
-        resp = await client.post(
-            "/v1/completions", data=raw, headers={HANDLE_HEADER: kit.handle("ns-a")}
-        )
+        resp = await kit.post(client, "/v1/completions", raw, "ns-a")
         assert resp.status == 400, raw
         assert (await resp.json())["error"]["type"] == "invalid_request_error"
 
 
 async def test_attestation_header_verifies_and_names_the_request(tiny: tuple[Kit, Client]) -> None:
     kit, client = tiny
-    handle = kit.handle("ns-a", request_id="req-42")
-    resp = await client.post(
-        "/v1/completions",
-        headers={HANDLE_HEADER: handle},
-        json={"model": kit.model, "prompt": "abc", "max_tokens": 3},
-    )
+    body = {"model": kit.model, "prompt": "abc", "max_tokens": 3}
+    resp = await kit.post(client, "/v1/completions", body, "ns-a", request_id="req-42")
     assert resp.status == 200
     att = kit.attestations.verify(resp.headers[ATTESTATION_HEADER])
     assert (att.request_id, att.namespace) == ("req-42", "ns-a")
@@ -122,11 +157,8 @@ async def test_attestation_header_verifies_and_names_the_request(tiny: tuple[Kit
 
 async def test_client_disconnect_frees_its_blocks(tiny: tuple[Kit, Client]) -> None:
     kit, client = tiny
-    resp = await client.post(
-        "/v1/completions",
-        headers={HANDLE_HEADER: kit.handle("ns-a")},
-        json={"model": kit.model, "prompt": "x" * 40, "max_tokens": 200, "stream": True},
-    )
+    body = {"model": kit.model, "prompt": "x" * 40, "max_tokens": 200, "stream": True}
+    resp = await kit.post(client, "/v1/completions", body, "ns-a")
     await resp.content.readline()
     resp.close()
 
@@ -145,11 +177,8 @@ def _random_text(words: int, seed: int) -> str:
 async def _complete(
     client: Client, kit: Kit, ns: str, prompt: str
 ) -> tuple[dict[str, Any], Attestation]:
-    resp = await client.post(
-        "/v1/completions",
-        headers={HANDLE_HEADER: kit.handle(ns)},
-        json={"model": kit.model, "prompt": prompt, "max_tokens": 2, "temperature": 0},
-    )
+    body = {"model": kit.model, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    resp = await kit.post(client, "/v1/completions", body, ns)
     assert resp.status == 200, await resp.text()
     return await resp.json(), kit.attestations.verify(resp.headers[ATTESTATION_HEADER])
 
@@ -182,10 +211,13 @@ async def test_reference_answer_and_streaming_with_the_openai_client(
     question = [{"role": "user", "content": "What is the capital of France?"}]
 
     def openai(ns: str) -> AsyncOpenAI:
+        async def sign(request: Any) -> None:  # a handle for the bytes the client sends
+            request.headers[HANDLE_HEADER] = kit.handle(ns, body=request.content)
+
         return AsyncOpenAI(
             base_url=str(client.make_url("/v1")),
             api_key="unused",
-            default_headers={HANDLE_HEADER: kit.handle(ns)},
+            http_client=DefaultAsyncHttpxClient(event_hooks={"request": [sign]}),
             max_retries=0,
         )
 
@@ -223,16 +255,13 @@ async def test_streaming_sends_the_attestation_before_any_token(
 ) -> None:
     kit = smol_kit()
     client = await aiohttp_client(create_app(kit.backend))
-    resp = await client.post(
-        "/v1/chat/completions",
-        headers={HANDLE_HEADER: kit.handle("t-a")},
-        json={
-            "model": kit.model,
-            "stream": True,
-            "max_tokens": 4,
-            "messages": [{"role": "user", "content": "Hi"}],
-        },
-    )
+    body = {
+        "model": kit.model,
+        "stream": True,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
+    resp = await kit.post(client, "/v1/chat/completions", body, "t-a")
     raw = (await resp.read()).decode()
     events = [e for e in raw.split("\n\n") if e]
     assert events[0].startswith(f"event: {ATTESTATION_EVENT}\ndata: ")
@@ -258,11 +287,8 @@ async def test_a_leaky_engine_shows_a_foreign_namespace_in_the_attestation(
 async def test_ignore_eos_generates_exactly_max_tokens(tiny: tuple[Kit, Client]) -> None:
     kit, client = tiny
     for _ in range(3):  # a random tiny model stops early on its own often enough
-        resp = await client.post(
-            "/v1/completions",
-            headers={HANDLE_HEADER: kit.handle("ns-a")},
-            json={"model": kit.model, "prompt": "abc", "max_tokens": 20, "ignore_eos": True},
-        )
+        body = {"model": kit.model, "prompt": "abc", "max_tokens": 20, "ignore_eos": True}
+        resp = await kit.post(client, "/v1/completions", body, "ns-a")
         assert (await resp.json())["usage"]["completion_tokens"] == 20
 
 
@@ -273,17 +299,14 @@ async def test_admin_flush_needs_an_admin_handle_and_drops_one_namespace(
     prompt = "the same long prompt " * 4
 
     async def cached(ns: str) -> int:
-        resp = await client.post(
-            "/v1/completions",
-            headers={HANDLE_HEADER: kit.handle(ns)},
-            json={"model": kit.model, "prompt": prompt, "max_tokens": 1},
-        )
+        body = {"model": kit.model, "prompt": prompt, "max_tokens": 1}
+        resp = await kit.post(client, "/v1/completions", body, ns)
         return int((await resp.json())["usage"]["prompt_tokens_details"]["cached_tokens"])
 
     for ns in ("ns-a", "ns-b"):
         assert await cached(ns) == 0
         assert await cached(ns) > 0
-    plain = await client.post("/admin/flush", headers={HANDLE_HEADER: kit.handle("ns-a")})
+    plain = await client.post("/admin/flush", headers={HANDLE_HEADER: kit.handle("ns-a", body=b"")})
     assert plain.status == 403  # a request handle is never an admin handle
     assert (await client.post("/admin/flush")).status == 401
     admin = kit.signer.sign_admin("flush", "ns-a", "flush-1", "backend-test")

@@ -78,9 +78,11 @@ async def test_no_client_input_reaches_another_tenants_cache(stack: Stack, keys:
     acme_ns = derive_namespace(NamespaceKey("ns1", b"n" * 40), "acme", "tenant", "", "smollm2", "1")
     gateway_key = load_private_key(keys.folder / "gateway.key")
     # A genuine handle for acme's namespace (as if it leaked), and one from a forged key.
-    leaked = HandleSigner(gateway_key, "gateway").sign(acme_ns, "smollm2", "1", "r-1", AUDIENCE)
+    leaked = HandleSigner(gateway_key, "gateway").sign(
+        acme_ns, "smollm2", "1", "r-1", AUDIENCE, body=b"{}"
+    )
     forged = HandleSigner(load_private_key(keys.folder / "be.key"), "gateway").sign(
-        acme_ns, "smollm2", "1", "r-2", AUDIENCE
+        acme_ns, "smollm2", "1", "r-2", AUDIENCE, body=b"{}"
     )
     attempts: list[tuple[dict[str, Any], dict[str, str]]] = [
         (chat(cache_salt=acme_ns), {}),

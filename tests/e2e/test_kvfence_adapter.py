@@ -76,7 +76,9 @@ async def test_handles_reach_the_backend_and_answers_are_judged_clean(stack: Sta
 async def test_a_client_handle_is_replaced_by_the_gateways_own(stack: Stack, keys: Keys) -> None:
     await stack.post("acme", completion(), path="/v1/completions")
     # A handle for acme's namespace would need the gateway's key; a client has only its own.
-    forged = HandleSigner(generate_key(), "gateway").sign("ns1.x", "tiny", "1", "r", AUDIENCE)
+    forged = HandleSigner(generate_key(), "gateway").sign(
+        "ns1.x", "tiny", "1", "r", AUDIENCE, body=b"{}"
+    )
     resp = await stack.post(
         "globex", completion(), path="/v1/completions", **{HANDLE_HEADER: forged}
     )
@@ -160,8 +162,9 @@ class FakeAttestingBackend:
         return self.signer.sign("other" if self.mode == "stale" else rid, ns, 8, 0, [ns])
 
     async def answer(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        handle = self.verifier.verify(request.headers.get(HANDLE_HEADER))
+        raw = await request.read()
+        body = orjson.loads(raw)
+        handle = self.verifier.verify(request.headers.get(HANDLE_HEADER), raw)
         handle.check_model(body["model"])
         token = self.attestation(handle.request_id, handle.namespace.value)
         usage = {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9}

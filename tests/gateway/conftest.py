@@ -34,6 +34,7 @@ def policy_text(url: str, *, mode: str = "strip", active: str = "ns1", extra: st
         version: 1
         gateway:
           listen: {{host: 127.0.0.1, port: 0}}
+          admin: {{host: 127.0.0.1, port: 0}}
           namespace_keys:
             - {{id: ns1, secret: {{env: NS_KEY}}, active: {str(active == "ns1").lower()}}}
             - {{id: ns2, secret: {{env: NS_KEY2}}, active: {str(active == "ns2").lower()}}}

@@ -106,7 +106,9 @@ async def test_gateway_workers_share_the_port(tmp_path: Path, upstream: FakeUpst
     try:
         async with asyncio.timeout(30):
             while sum(b'"msg":"serving"' in line for line in seen) < 2:
-                seen.append(await proc.stderr.readline())
+                line = await proc.stderr.readline()
+                assert line, b"".join(seen).decode()  # the gateway exited: show why
+                seen.append(line)
         async with aiohttp.ClientSession() as session:
             for _ in range(4):
                 resp = await session.post(

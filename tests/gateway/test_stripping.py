@@ -40,8 +40,8 @@ async def test_body_fields_are_stripped(gw: Gateway, fields: dict[str, Any]) -> 
     assert salts == ["cache_salt"]
     assert sent["cache_salt"] == await expected_salt(gw, "acme")
     assert b"evil" not in gw.upstream.received[-1].body
-    if "nvext" in fields:
-        assert fields["nvext"].get("keep") == sent["nvext"].get("keep")
+    # nvext is Dynamo's, not vLLM's: the allowlist drops what scrubbing left of it
+    assert not {k.lower() for k in sent} & {"nvext", "cache-salt", "extra-key"}
 
 
 async def test_duplicate_json_keys_reach_upstream_once(gw: Gateway) -> None:

@@ -5,7 +5,6 @@ tenant; the in-flight cap answers 503 with Retry-After instead of dropping conne
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -17,14 +16,6 @@ from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway.conftest import ENV, KEYS, policy_text, run_gateway
 
 MSG = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[FakeUpstream]:
-    fake = FakeUpstream()
-    await fake.start()
-    yield fake
-    await fake.close()
 
 
 async def status(resp: aiohttp.ClientResponse) -> int:

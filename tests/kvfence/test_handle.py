@@ -19,6 +19,7 @@ from kvfence.handle import (
     HandleSigner,
     HandleUnavailable,
     HandleVerifier,
+    body_digest,
     sign_token,
 )
 from kvfence.keyfile import TrustStore, generate_key
@@ -42,12 +43,15 @@ def rid() -> str:
     return f"req-{next(_ids)}"
 
 
-def mint(signer_clock: float = NOW, ttl: float = 60.0, **over: str) -> str:
+BODY = b'{"model":"smollm2","prompt":"hello"}'
+
+
+def mint(signer_clock: float = NOW, ttl: float = 60.0, body: bytes = BODY, **over: str) -> str:
     fields = {"namespace": "ns-a", "model": "smollm2", "revision": "r1", "audience": "be-1"}
     fields.update(over)
     request_id = fields.pop("request_id", rid())
     signer = HandleSigner(KEY, "gw-1", clock=FakeClock(signer_clock))
-    return signer.sign(request_id=request_id, ttl=ttl, **fields)
+    return signer.sign(request_id=request_id, ttl=ttl, body=body, **fields)
 
 
 def verifier(clock: FakeClock | None = None, replay_capacity: int = 1000) -> HandleVerifier:
@@ -58,18 +62,49 @@ def verifier(clock: FakeClock | None = None, replay_capacity: int = 1000) -> Han
 
 def refused(v: HandleVerifier, token: str | None, model: str = "smollm2") -> HandleError:
     with pytest.raises(HandleError) as info:
-        v.verify(token).check_model(model)
+        v.verify(token, BODY).check_model(model)
     return info.value
 
 
 def test_valid_handle_yields_namespace_and_claims() -> None:
     token = mint(request_id="req-valid")
     assert token.startswith("kvh1.") and "\n" not in token
-    handle = verifier().verify(token)
+    handle = verifier().verify(token, BODY)
     assert isinstance(handle.namespace, Namespace)
     assert handle.namespace.value == "ns-a"
     assert (handle.request_id, handle.model, handle.revision) == ("req-valid", "smollm2", "r1")
     assert (handle.key_id, handle.expires_at) == ("gw-1", NOW + 60)
+
+
+def test_the_handle_binds_the_exact_body_and_a_wrong_one_does_not_spend_it() -> None:
+    v = verifier()
+    token = mint(body=BODY)
+    assert v.check(token).body_digest == body_digest(BODY)
+    for other in (b"", BODY + b" ", BODY.replace(b"hello", b"hellO"), b"x" * 10_000):
+        with pytest.raises(HandleForbidden) as info:
+            v.verify(token, other)
+        assert (info.value.status, info.value.code) == (403, "body_mismatch")
+    assert v.live_request_ids == 0
+    assert v.verify(token, BODY).namespace.value == "ns-a"  # still unspent
+    assert refused(v, token).code == "replayed"
+
+
+def test_only_handles_this_verifier_checked_are_admitted() -> None:
+    checked = verifier().check(mint())
+    with pytest.raises(HandleError) as info:
+        verifier().admit(checked, BODY)
+    assert (info.value.status, info.value.code) == (401, "malformed")
+
+
+@pytest.mark.parametrize("digest", [None, "", "abc", 42, "A" * 44, "+" * 43, "A" * 42 + "="])
+def test_a_handle_without_a_valid_body_digest_is_malformed(digest: object) -> None:
+    claims = orjson.loads(base64.urlsafe_b64decode(mint().split(".")[1] + "=="))
+    if digest is None:
+        del claims["bd"]
+    else:
+        claims["bd"] = digest
+    err = refused(verifier(), sign_token(HANDLE_PREFIX, claims, KEY))
+    assert (err.status, err.code) == (401, "malformed")
 
 
 @pytest.mark.parametrize(
@@ -99,7 +134,7 @@ def test_forged_with_another_key_is_401() -> None:
 
 def test_unknown_key_id_is_401() -> None:
     token = HandleSigner(OTHER_KEY, "gw-2", clock=FakeClock()).sign(
-        "ns-a", "smollm2", "r1", rid(), "be-1"
+        "ns-a", "smollm2", "r1", rid(), "be-1", body=BODY
     )
     err = refused(verifier(), token)
     assert (err.status, err.code) == (401, "unknown_key")
@@ -107,7 +142,7 @@ def test_unknown_key_id_is_401() -> None:
 
 def test_expired_is_401_but_clock_skew_is_tolerated() -> None:
     clock = FakeClock(NOW + 64)
-    assert verifier(clock).verify(mint()).namespace.value == "ns-a"
+    assert verifier(clock).verify(mint(), BODY).namespace.value == "ns-a"
     clock.now = NOW + 66
     err = refused(verifier(clock), mint())
     assert (err.status, err.code) == (401, "expired")
@@ -138,7 +173,7 @@ def test_replay_is_401_until_the_handle_expires() -> None:
     clock = FakeClock()
     v = verifier(clock)
     token = mint(request_id="req-once")
-    v.verify(token)
+    v.verify(token, BODY)
     err = refused(v, token)
     assert (err.status, err.code) == (401, "replayed")
     # another handle for the same request id is a replay too
@@ -149,17 +184,17 @@ def test_replay_store_prunes_expired_entries() -> None:
     clock = FakeClock()
     v = verifier(clock)
     for _ in range(50):
-        v.verify(mint())
+        v.verify(mint(), BODY)
     assert v.live_request_ids == 50
     clock.now = NOW + 200
-    v.verify(mint(signer_clock=clock.now))
+    v.verify(mint(signer_clock=clock.now), BODY)
     assert v.live_request_ids == 1
 
 
 def test_full_replay_store_fails_closed_with_503() -> None:
     v = verifier(replay_capacity=2)
-    v.verify(mint())
-    v.verify(mint())
+    v.verify(mint(), BODY)
+    v.verify(mint(), BODY)
     err = refused(v, mint())
     assert isinstance(err, HandleUnavailable)
     assert (err.status, err.code) == (503, "replay_store_full")
@@ -183,7 +218,7 @@ def test_every_single_bit_flip_is_refused() -> None:
     v = verifier()
     for position in range(len(token) * 8):
         assert refused(v, flip(token, position)).status == 401
-    assert v.verify(token).request_id == "req-bits"
+    assert v.verify(token, BODY).request_id == "req-bits"
 
 
 @settings(max_examples=100, deadline=None)
@@ -226,8 +261,8 @@ def test_normal_handle_is_not_admin_and_actions_are_bound() -> None:
 def test_signer_refuses_empty_fields() -> None:
     signer = HandleSigner(KEY, "gw-1")
     with pytest.raises(ValueError):
-        signer.sign("", "smollm2", "r1", rid(), "be-1")
+        signer.sign("", "smollm2", "r1", rid(), "be-1", body=BODY)
     with pytest.raises(ValueError):
-        signer.sign("ns-a", "smollm2", "r1", "", "be-1")
+        signer.sign("ns-a", "smollm2", "r1", "", "be-1", body=BODY)
     with pytest.raises(ValueError):
-        signer.sign("ns-a", "smollm2", "r1", rid(), "be-1", ttl=0)
+        signer.sign("ns-a", "smollm2", "r1", rid(), "be-1", ttl=0, body=BODY)

@@ -104,7 +104,7 @@ def test_keygen_writes_a_usable_key_pair(
     assert "PRIVATE" not in printed
     for trust_file in (trust, out / "gw-1.pub"):
         verifier = HandleVerifier(TrustStore.from_file(trust_file), "be-1")
-        token = HandleSigner(key, "gw-1").sign("ns", "m", "r", "req", "be-1")
-        assert verifier.verify(token).namespace.value == "ns"
+        token = HandleSigner(key, "gw-1").sign("ns", "m", "r", "req", "be-1", body=b"{}")
+        assert verifier.verify(token, b"{}").namespace.value == "ns"
     assert kvfence_main(["keygen", "--id", "gw-1", "--out", str(out)]) == 1
     assert "already exists" in capsys.readouterr().err

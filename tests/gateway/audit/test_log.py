@@ -13,7 +13,7 @@ import pytest
 
 from gateway.audit.cli import configure, main
 from gateway.audit.log import AuditLog, AuditWriteError, head_path, mac_key, rotated_paths
-from gateway.audit.verify import AuditVerifyError, verify_files
+from gateway.audit.verify import AuditVerifyError, check_head, verify_files
 
 SECRET = b"correct horse battery staple 01"
 KEY = mac_key(SECRET)
@@ -56,7 +56,8 @@ def run_cli(tmp_path: Path, *argv: str, key: Path | None = None) -> int:
 
 def failure(paths: list[Path]) -> AuditVerifyError:
     with pytest.raises(AuditVerifyError) as info:
-        verify_files(paths, KEY)
+        summaries = verify_files(paths, KEY)
+        check_head(paths[-1], KEY, summaries[-1])
     return info.value
 
 
@@ -121,8 +122,8 @@ async def test_wrong_key_fails_on_the_header(
     await write_log(log, 2)
     other = tmp_path / "other.secret"
     other.write_bytes(b"another secret of enough length")
-    assert run_cli(tmp_path, str(log), key=other) == 1
-    assert "audit.jsonl:1: tag mismatch" in capsys.readouterr().err
+    assert run_cli(tmp_path, str(log), key=other) == 3
+    assert "audit.jsonl:1: wrong key" in capsys.readouterr().err
 
 
 async def test_restart_continues_the_chain(tmp_path: Path) -> None:

@@ -35,24 +35,24 @@ def test_example_shape_loads() -> None:
         (
             "scope: user,",
             "scope: team,",
-            ":22: tenants[2].scope: must be one of tenant, user, session",
+            ":23: tenants[2].scope: must be one of tenant, user, session",
         ),
         (
             "client_inputs: strip",
             "client_inputs: drop",
-            ":8: gateway.client_inputs: must be one of",
+            ":9: gateway.client_inputs: must be one of",
         ),
         ("version: 1", "version: 2", ":1: version: must be 1"),
         (
             "{env: PEPPER}",
             "{env: MISSING}",
-            ":7: gateway.api_key_pepper: environment variable MISSING",
+            ":8: gateway.api_key_pepper: environment variable MISSING",
         ),
-        ("{env: PEPPER}", "hunter2hunter2hunter2", ":7: gateway.api_key_pepper: must be a mapping"),
+        ("{env: PEPPER}", "hunter2hunter2hunter2", ":8: gateway.api_key_pepper: must be a mapping"),
         (
             "access_log: false",
             "access_log: false\n  colour: blue",
-            ":12: gateway.colour: unknown key",
+            ":13: gateway.colour: unknown key",
         ),
         (
             "[smollm2, other]",
@@ -155,7 +155,7 @@ def test_policy_check_cli(
     bad.write_text(policy_text(URL).replace("scope: user,", "scope: team,"))
     assert kvfence_main(["policy", "check", str(bad)]) == 1
     assert (
-        f"{bad}:22: tenants[2].scope: must be one of tenant, user, session"
+        f"{bad}:23: tenants[2].scope: must be one of tenant, user, session"
         in capsys.readouterr().err
     )
 

@@ -173,7 +173,7 @@ async def test_operational_paths_are_not_on_the_tenant_port(tmp_path: Path, meth
         for path in ("/status", "/metrics", "/canary/b0", "/quarantine/b0/release"):
             headers = {"authorization": f"Bearer {KEYS['acme']}"}
             async with gw.http.request(method, gw.url + path, headers=headers) as resp:
-                assert resp.status == 404, (method, path)
+                assert resp.status in (404, 405), (method, path)  # 405: PUT, DELETE at the edge
 
 
 async def test_the_admin_listener_needs_its_token_not_a_tenant_key(tmp_path: Path) -> None:
