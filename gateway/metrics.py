@@ -85,6 +85,17 @@ class Metrics:
             ["tenant", "reason"],
             registry=r,
         )
+        self.connections_refused = Counter(
+            p + "connections_refused",
+            "Connections answered 503 at a connection cap",
+            ["cap"],
+            registry=r,
+        )
+        self.connections_reclaimed = Counter(
+            p + "connections_reclaimed",
+            "Idle or trickling connections closed to admit a new one",
+            registry=r,
+        )
         self.overloaded = Counter(
             p + "overloaded", "Requests refused at the in-flight cap (503)", registry=r
         )

@@ -1,34 +1,20 @@
 """Serving an app: the runner settings that bound what a client may hold, and the edge.
 
 Invariant: an idle or trickling client is cut after `header_timeout_s` (aiohttp's keep-alive
-deadline also covers a connection whose request headers are incomplete), connections beyond
-`max_connections` are closed at once, a client disconnect cancels its handler, and every
-request passes `gateway.edge` before the app routes it.
+deadline also covers a connection whose request headers are incomplete), connections beyond the
+caps make room or are answered 503 (`gateway.connections`), a client disconnect cancels its
+handler, and every request passes `gateway.edge` before the app routes it.
 """
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 
 from gateway.admin import create_admin_app
 from gateway.app import WATCH
+from gateway.connections import Pressure
 from gateway.edge import ServerLog, guard
-from gateway.state import EDGE, HOLDER
-
-
-def _cap_connections(server: web.Server, limit: int) -> None:
-    original = server.connection_made
-
-    def connection_made(handler: RequestHandler, transport: asyncio.Transport) -> None:
-        original(handler, transport)
-        if len(server.connections) > limit:
-            handler.force_close()
-            transport.close()
-
-    setattr(server, "connection_made", connection_made)  # noqa: B010
+from gateway.state import EDGE, HOLDER, METRICS
 
 
 async def start(
@@ -46,8 +32,10 @@ async def start(
     )
     await runner.setup()
     assert runner.server is not None
-    _cap_connections(runner.server, limits.max_connections)
     guard(runner.server, edge)
+    Pressure(limits.max_connections, limits.max_connections_per_client, app[METRICS]).install(
+        runner.server
+    )
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=1024)
     await site.start()
     return runner

@@ -96,6 +96,9 @@ def _limits(node: Node) -> ClientLimits:
         max_connections=f["max_connections"].integer(1, 1 << 20)
         if "max_connections" in f
         else d.max_connections,
+        max_connections_per_client=f["max_connections_per_client"].integer(1, 1 << 20)
+        if "max_connections_per_client" in f
+        else d.max_connections_per_client,
         max_in_flight=f["max_in_flight"].integer(1, 1 << 20)
         if "max_in_flight" in f
         else d.max_in_flight,

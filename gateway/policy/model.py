@@ -83,6 +83,7 @@ class ClientLimits:
     body_timeout_s: float = 30.0
     max_body_bytes: int = 4 * 1024 * 1024
     max_connections: int = 1024
+    max_connections_per_client: int = 256  # per client address
     max_in_flight: int = 512  # proxied requests at once per worker; beyond: 503 + Retry-After
     write_timeout_s: float = 30.0  # a streaming client that reads nothing this long is cut
     max_answer_bytes: int = 32 * 1024 * 1024  # a plain (non-streamed) upstream answer, whole

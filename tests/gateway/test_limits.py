@@ -59,26 +59,50 @@ async def test_body_over_limit_is_413(gw: Gateway) -> None:
     assert gw.upstream.received == []
 
 
-async def test_connections_over_the_cap_are_closed(upstream: FakeUpstream) -> None:
-    text = (
-        policy_text(upstream.url)
+def _capped(url: str) -> str:
+    return (
+        policy_text(url)
         .replace(
             "max_body_bytes: 65536",
             "max_body_bytes: 65536, max_connections: 2, header_timeout_s: 30",
         )
         .replace("header_timeout_s: 0.5, ", "")
     )
-    gw, runner = await run_gateway(parse_policy(text, "t.yaml", env=ENV), upstream)
+
+
+async def test_at_the_cap_the_longest_idle_connection_makes_room(upstream: FakeUpstream) -> None:
+    gw, runner = await run_gateway(parse_policy(_capped(upstream.url), "t.yaml", env=ENV), upstream)
     try:
         (r1, w1), (_r2, w2) = await _connect(gw), await _connect(gw)
+        await asyncio.sleep(0.05)
         r3, w3 = await _connect(gw)
         async with asyncio.timeout(10):
-            assert await r3.read(1024) == b""
-        w1.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert await r1.read(1024) == b""  # the oldest idle one gave way
+        w3.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         async with asyncio.timeout(10):
-            assert (await r1.readuntil(b"\r\n")).startswith(b"HTTP/1.1 200")
+            assert (await r3.readuntil(b"\r\n")).startswith(b"HTTP/1.1 200")
         for w in (w1, w2, w3):
             w.close()
     finally:
         await gw.session.close()
         await runner.cleanup()
+
+
+async def test_when_every_connection_is_busy_a_newcomer_gets_503() -> None:
+    upstream = FakeUpstream(mode="hold")
+    await upstream.start()
+    gw, runner = await run_gateway(parse_policy(_capped(upstream.url), "t.yaml", env=ENV), upstream)
+    body = {"model": "smollm2", "messages": [], "stream": True}
+    try:
+        busy = [await gw.chat(t, body) for t in ("acme", "globex")]  # both held open upstream
+        reader, writer = await _connect(gw)
+        async with asyncio.timeout(10):
+            answer = await reader.read()
+        assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in answer
+        for resp in busy:
+            resp.close()
+        writer.close()
+    finally:
+        await gw.session.close()
+        await runner.cleanup()
+        await upstream.close()
