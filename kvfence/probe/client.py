@@ -181,7 +181,9 @@ async def _attempt(
             return await _read_stream(resp, started, identity)
     except TimeoutError:
         raise Retryable(f"no complete answer within {endpoint.timeout_s:g} s") from None
-    except aiohttp.ClientError as exc:
+    except aiohttp.ClientConnectorError as exc:
+        raise Retryable(f"cannot connect to {exc.host}:{exc.port}") from None
+    except aiohttp.ClientError as exc:  # the type only: some messages quote the whole URL
         raise Retryable(f"connection failed ({type(exc).__name__})") from None
 
 

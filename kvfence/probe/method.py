@@ -34,7 +34,7 @@ class ProbeConfig:
     control_rounds: int = 10
     budget: int = 50  # cross rounds at most: the n per arm of the timing test
     alpha: float = 1e-8
-    control_alpha: float = 1e-3
+    control_alpha: float = 1e-4  # the timing control's level: how rarely no cache passes it
     test: TimingTest = TimingTest.RANK_SUM
     min_effect: float = 0.9
     block_tokens: int = 16  # cached tokens beyond the baseline that count as a hit

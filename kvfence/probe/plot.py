@@ -42,7 +42,7 @@ def write_plot(result: ProbeResult, path: Path, title: str) -> None:
             fractions = [(i + 1) / len(values) for i in range(len(values))]
             median = values[(len(values) - 1) // 2]
             ax.step(
-                [0.0, *values],
+                [values[0], *values],
                 [0.0, *fractions],
                 where="post",
                 color=COLOURS[arm],
@@ -51,7 +51,7 @@ def write_plot(result: ProbeResult, path: Path, title: str) -> None:
         ax.set_title(label)
         ax.set_xlabel("time to first token (ms)")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize="small")
+        ax.legend(loc="upper left", fontsize="small")
     axes[0].set_ylabel("share of requests answered")
     fig.suptitle(f"{title}: {result.decision.verdict}")
     fig.tight_layout()

@@ -15,7 +15,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from kvfence.probe.client import Api, Endpoint, Identity, Observation, send
-from kvfence.probe.errors import AuthRefused, GaveUp, ModelNotServed, ProtocolError, RequestRejected
+from kvfence.probe.errors import (
+    AuthRefused,
+    GaveUp,
+    ModelNotServed,
+    ProtocolError,
+    RequestRejected,
+    server_message,
+)
 from kvfence.probe.pacing import Pacer, RetryPolicy, retry_after_s
 
 KEY = "sk-live-0123456789abcdef"
@@ -197,7 +204,7 @@ async def test_a_stalled_server_times_out_within_the_retries(serve: Any) -> None
 
 async def test_connection_refused_gives_up(unused_tcp_port: int) -> None:
     endpoint = Endpoint(f"http://127.0.0.1:{unused_tcp_port}", "m")
-    with pytest.raises(GaveUp, match="connection failed"):
+    with pytest.raises(GaveUp, match=f"cannot connect to 127.0.0.1:{unused_tcp_port}"):
         await measure(endpoint, RetryPolicy(attempts=2, sleep=Waits()))
 
 
@@ -243,3 +250,9 @@ async def test_pacer_spaces_request_starts() -> None:
     now[0] += 0.1
     await pacer.wait()
     assert waits.seconds == [0.25, pytest.approx(0.4)]
+
+
+def test_redaction_leaves_values_too_short_to_be_keys() -> None:
+    raw = b'{"error": {"message": "The model `x` does not exist"}}'
+    assert server_message(raw, ["x"]) == "The model `x` does not exist"
+    assert server_message(raw, ["does not"]) == "The model `x` <redacted> exist"
