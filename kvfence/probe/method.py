@@ -48,8 +48,10 @@ class ProbeConfig:
     def check(self) -> None:
         """Raises ValueError naming the first setting that cannot work."""
         self.shape()
-        if self.budget < 1 or self.control_rounds < 2:
-            raise ValueError("the budget must be >= 1 and the control needs >= 2 rounds")
+        if self.budget < 1 or self.control_rounds < 2 or self.partial_rounds < 0:
+            raise ValueError(
+                "the budget must be >= 1, the control needs >= 2 rounds, partial rounds >= 0"
+            )
         if not 0 < self.alpha < 0.5 or not 0 < self.control_alpha < 0.5:
             raise ValueError("significance levels must be in (0, 0.5)")
         if not 0 < self.min_effect <= 1:

@@ -129,7 +129,11 @@ async def test_model_not_served_exits_3_in_one_line(pooled: SimServer, tmp_path:
         (("--key-a-env", "PROBE_SAME"), {"PROBE_SAME": KEY_B}, "credentials A and B are identical"),
         (("--header-a", "no colon"), {"PROBE_KEY_A": KEY_A}, "--header-a wants 'NAME: VALUE'"),
         (("--body-b", "[1]"), {"PROBE_KEY_A": KEY_A}, "--body-b must be a JSON object"),
-        (("--budget", "0"), {"PROBE_KEY_A": KEY_A}, "the budget must be >= 1"),
+        (
+            ("--budget", "0"),
+            {"PROBE_KEY_A": KEY_A},
+            "the budget must be >= 1, the control needs >= 2 rounds",
+        ),
     ],
 )
 async def test_bad_command_lines_exit_3_without_a_request(
