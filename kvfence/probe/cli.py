@@ -167,6 +167,9 @@ def main(args: argparse.Namespace) -> int:
     except ProbeError as exc:
         print(f"kvfence probe: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("\nkvfence probe: interrupted; no verdict", file=sys.stderr)
+        return 130
     except OSError as exc:
         print(f"kvfence probe: error: cannot write output: {exc.strerror}", file=sys.stderr)
         return EXIT_ERROR
