@@ -228,7 +228,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    started = time.time()
+    started, measured = time.time(), commit()  # the code measured, not what is checked out later
     rows: list[Row] = []
     if "backend" in args.targets:
         rows += asyncio.run(bench_backend(args))
@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_summary(summary)
     doc = {
         "machine": machine(),
-        "commit": commit(),
+        "commit": measured,
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "minutes": round((time.time() - started) / 60, 1),
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
