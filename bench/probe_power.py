@@ -17,6 +17,7 @@ import platform
 import re
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -242,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "minutes": round((time.time() - started) / 60, 1),
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
-        "command": "python -m bench.probe_power " + " ".join(argv or []),
+        "command": " ".join(["python -m bench.probe_power", *(argv or sys.argv[1:])]),
         "settings": {k: str(v) for k, v in vars(args).items()},
         "alpha": ProbeConfig().alpha,
         "summary": summary,
