@@ -54,6 +54,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the partial arm's shared prefix (0: off)",
     )
     run.add_argument(
+        "--partial-rounds",
+        type=int,
+        default=DEFAULTS.partial_rounds,
+        help="cross rounds that also run the partial arm",
+    )
+    run.add_argument(
         "--primes", type=int, default=DEFAULTS.primes, help="times the victim sends its prompt"
     )
     run.add_argument(
@@ -101,6 +107,7 @@ def _config(args: argparse.Namespace) -> ProbeConfig:
     config = ProbeConfig(
         letters=args.prompt_tokens,
         partial_letters=args.partial_tokens,
+        partial_rounds=args.partial_rounds,
         primes=args.primes,
         control_rounds=args.control_rounds,
         budget=args.budget,
@@ -160,6 +167,9 @@ def main(args: argparse.Namespace) -> int:
     except ProbeError as exc:
         print(f"kvfence probe: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("\nkvfence probe: interrupted; no verdict", file=sys.stderr)
+        return 130
     except OSError as exc:
         print(f"kvfence probe: error: cannot write output: {exc.strerror}", file=sys.stderr)
         return EXIT_ERROR

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
+from aiohttp.http_exceptions import HttpProcessingError
 
 from kvfence.probe.errors import (
     TRANSIENT_STATUSES,
@@ -181,7 +182,11 @@ async def _attempt(
             return await _read_stream(resp, started, identity)
     except TimeoutError:
         raise Retryable(f"no complete answer within {endpoint.timeout_s:g} s") from None
-    except aiohttp.ClientError as exc:
+    except HttpProcessingError:  # e.g. a line longer than aiohttp will buffer
+        raise ProtocolError("the endpoint sent a malformed or oversized stream") from None
+    except aiohttp.ClientConnectorError as exc:
+        raise Retryable(f"cannot connect to {exc.host}:{exc.port}") from None
+    except aiohttp.ClientError as exc:  # the type only: some messages quote the whole URL
         raise Retryable(f"connection failed ({type(exc).__name__})") from None
 
 

@@ -58,9 +58,12 @@ class Retryable(Exception):
         self.wait_s = wait_s
 
 
+MIN_REDACTED = 4  # shorter values are not secrets worth garbling every message for
+
+
 def redact(text: str, secrets: Iterable[str]) -> str:
     for secret in secrets:
-        if secret:
+        if len(secret) >= MIN_REDACTED:
             text = text.replace(secret, "<redacted>")
     return text
 

@@ -31,10 +31,10 @@ class ProbeConfig:
     partial_letters: int = 256  # the partial arm shares this many: a block or two
     partial_rounds: int = 4  # cross rounds that also run a partial-prefix procedure
     primes: int = 1
-    control_rounds: int = 10
+    control_rounds: int = 12  # at 1e-4 the control still passes with 11 of 144 pairs out of order
     budget: int = 50  # cross rounds at most: the n per arm of the timing test
     alpha: float = 1e-8
-    control_alpha: float = 1e-3
+    control_alpha: float = 1e-4  # the timing control's level: how rarely no cache passes it
     test: TimingTest = TimingTest.RANK_SUM
     min_effect: float = 0.9
     block_tokens: int = 16  # cached tokens beyond the baseline that count as a hit
@@ -48,8 +48,10 @@ class ProbeConfig:
     def check(self) -> None:
         """Raises ValueError naming the first setting that cannot work."""
         self.shape()
-        if self.budget < 1 or self.control_rounds < 2:
-            raise ValueError("the budget must be >= 1 and the control needs >= 2 rounds")
+        if self.budget < 1 or self.control_rounds < 2 or self.partial_rounds < 0:
+            raise ValueError(
+                "the budget must be >= 1, the control needs >= 2 rounds, partial rounds >= 0"
+            )
         if not 0 < self.alpha < 0.5 or not 0 < self.control_alpha < 0.5:
             raise ValueError("significance levels must be in (0, 0.5)")
         if not 0 < self.min_effect <= 1:

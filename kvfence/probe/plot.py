@@ -6,6 +6,7 @@ Invariant: drawn from the measurements alone (times, arms, phases): no prompt, n
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,9 @@ def write_plot(result: ProbeResult, path: Path, title: str) -> None:
             if not values:
                 continue
             fractions = [(i + 1) / len(values) for i in range(len(values))]
-            median = values[(len(values) - 1) // 2]
+            median = statistics.median(values)
             ax.step(
-                [0.0, *values],
+                [values[0], *values],
                 [0.0, *fractions],
                 where="post",
                 color=COLOURS[arm],
@@ -51,7 +52,7 @@ def write_plot(result: ProbeResult, path: Path, title: str) -> None:
         ax.set_title(label)
         ax.set_xlabel("time to first token (ms)")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize="small")
+        ax.legend(loc="best", fontsize="small")
     axes[0].set_ylabel("share of requests answered")
     fig.suptitle(f"{title}: {result.decision.verdict}")
     fig.tight_layout()

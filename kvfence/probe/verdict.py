@@ -79,7 +79,10 @@ def decide(
                 f"requests with power {POWER_TARGET} (need {min_rounds(min_effect)})"
             )
     elif meta.available:
-        reasons.append("metadata: A's own repeats reported no cached tokens; counter not used")
+        reasons.append(
+            f"metadata: only {meta.control_hits} of {meta.control_total} of A's own repeats "
+            "reported a hit; counter not used"
+        )
     else:
         reasons.append("metadata: the endpoint reports no cached tokens; timing only")
     tp = None

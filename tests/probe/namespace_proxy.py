@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import orjson
+
 from backend.model.load import LoadedModel
 from kvfence.handle import HANDLE_HEADER, HandleSigner
 from kvfence.keyfile import load_private_key
@@ -27,7 +29,10 @@ def signing(keys: Keys, model: str, fresh: bool = False) -> Rewrite:
     ) -> tuple[dict[str, Any], dict[str, str]]:
         named = headers.pop(NAMESPACE_HEADER, "default")
         namespace = "probe." + (uuid.uuid4().hex if fresh else named)
-        headers[HANDLE_HEADER] = signer.sign(namespace, model, "1", uuid.uuid4().hex, AUDIENCE)
+        # The proxy sends orjson.dumps(body): the same bytes, so the handle binds what it sends.
+        sent = orjson.dumps(body)
+        rid = uuid.uuid4().hex
+        headers[HANDLE_HEADER] = signer.sign(namespace, model, "1", rid, AUDIENCE, body=sent)
         return body, headers
 
     return rewrite

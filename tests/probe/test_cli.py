@@ -129,7 +129,11 @@ async def test_model_not_served_exits_3_in_one_line(pooled: SimServer, tmp_path:
         (("--key-a-env", "PROBE_SAME"), {"PROBE_SAME": KEY_B}, "credentials A and B are identical"),
         (("--header-a", "no colon"), {"PROBE_KEY_A": KEY_A}, "--header-a wants 'NAME: VALUE'"),
         (("--body-b", "[1]"), {"PROBE_KEY_A": KEY_A}, "--body-b must be a JSON object"),
-        (("--budget", "0"), {"PROBE_KEY_A": KEY_A}, "the budget must be >= 1"),
+        (
+            ("--budget", "0"),
+            {"PROBE_KEY_A": KEY_A},
+            "the budget must be >= 1, the control needs >= 2 rounds",
+        ),
     ],
 )
 async def test_bad_command_lines_exit_3_without_a_request(
@@ -148,3 +152,33 @@ async def test_bad_command_lines_exit_3_without_a_request(
 async def test_missing_required_option_is_a_usage_error() -> None:
     run = await kvfence("probe", "--model", "m")
     assert run.code == 2 and "--base-url" in run.err
+
+
+async def test_the_core_runs_without_scipy_or_matplotlib(pooled: SimServer, tmp_path: Path) -> None:
+    """The extras stay optional: with both imports blocked a probe still reaches its verdict,
+    and only --plot asks for matplotlib (before a single request is spent)."""
+    block = "import sys; sys.modules['scipy'] = sys.modules['matplotlib'] = None; "
+    run_cli = "from kvfence.cli import main; raise SystemExit(main(sys.argv[1:]))"
+    args = probe_args(pooled.url, tmp_path, "--quiet")
+
+    async def run(*extra: str) -> Run:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            block + run_cli,
+            *args,
+            *extra,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PROBE_KEY_A": KEY_A},
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+        assert proc.returncode is not None
+        return Run(proc.returncode, out.decode(), err.decode())
+
+    shared = await run()
+    assert shared.code == 1, shared.err
+    requests = len(pooled.seen_keys)
+    no_plot = await run("--plot", str(tmp_path / "p.png"))
+    assert no_plot.code == 3 and "--plot needs matplotlib" in no_plot.err
+    assert len(pooled.seen_keys) == requests

@@ -15,7 +15,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from kvfence.probe.client import Api, Endpoint, Identity, Observation, send
-from kvfence.probe.errors import AuthRefused, GaveUp, ModelNotServed, ProtocolError, RequestRejected
+from kvfence.probe.errors import (
+    AuthRefused,
+    GaveUp,
+    ModelNotServed,
+    ProtocolError,
+    RequestRejected,
+    server_message,
+)
 from kvfence.probe.pacing import Pacer, RetryPolicy, retry_after_s
 
 KEY = "sk-live-0123456789abcdef"
@@ -89,7 +96,7 @@ class Waits:
 
 async def measure(endpoint: Endpoint, retry: RetryPolicy | None = None) -> Observation:
     async with aiohttp.ClientSession() as session:
-        return await send(session, endpoint, A, "kvp-1 a b c", retry or RetryPolicy(sleep=Waits()))
+        return await send(session, endpoint, A, "5eed a b c", retry or RetryPolicy(sleep=Waits()))
 
 
 async def test_sends_one_token_streaming_with_usage_and_the_identity(serve: Any) -> None:
@@ -98,7 +105,7 @@ async def test_sends_one_token_streaming_with_usage_and_the_identity(serve: Any)
     body = script.bodies[0]
     assert body["max_tokens"] == 1 and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
-    assert body["messages"] == [{"role": "user", "content": "kvp-1 a b c"}]
+    assert body["messages"] == [{"role": "user", "content": "5eed a b c"}]
     assert body["cache_salt"] == "s-a" and body["model"] == "smollm2"
     assert script.headers[0]["Authorization"] == f"Bearer {KEY}"
     assert script.headers[0]["X-End-User"] == "alice"
@@ -108,7 +115,7 @@ async def test_sends_one_token_streaming_with_usage_and_the_identity(serve: Any)
 async def test_completions_api_sends_a_prompt(serve: Any) -> None:
     script, endpoint = await serve(usage_stream(0), api=Api.COMPLETIONS)
     await measure(endpoint)
-    assert script.bodies[0]["prompt"] == "kvp-1 a b c" and "messages" not in script.bodies[0]
+    assert script.bodies[0]["prompt"] == "5eed a b c" and "messages" not in script.bodies[0]
 
 
 @pytest.mark.parametrize(
@@ -197,8 +204,20 @@ async def test_a_stalled_server_times_out_within_the_retries(serve: Any) -> None
 
 async def test_connection_refused_gives_up(unused_tcp_port: int) -> None:
     endpoint = Endpoint(f"http://127.0.0.1:{unused_tcp_port}", "m")
-    with pytest.raises(GaveUp, match="connection failed"):
+    with pytest.raises(GaveUp, match=f"cannot connect to 127.0.0.1:{unused_tcp_port}"):
         await measure(endpoint, RetryPolicy(attempts=2, sleep=Waits()))
+
+
+async def test_an_oversized_stream_line_is_a_protocol_error(serve: Any) -> None:
+    async def flood(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: " + b"x" * 1_000_000 + b"\n\n")
+        return resp
+
+    _, endpoint = await serve(flood)
+    with pytest.raises(ProtocolError, match="malformed or oversized"):
+        await measure(endpoint)
 
 
 def test_identity_repr_and_description_hold_no_secret() -> None:
@@ -243,3 +262,9 @@ async def test_pacer_spaces_request_starts() -> None:
     now[0] += 0.1
     await pacer.wait()
     assert waits.seconds == [0.25, pytest.approx(0.4)]
+
+
+def test_redaction_leaves_values_too_short_to_be_keys() -> None:
+    raw = b'{"error": {"message": "The model `x` does not exist"}}'
+    assert server_message(raw, ["x"]) == "The model `x` does not exist"
+    assert server_message(raw, ["does not"]) == "The model `x` <redacted> exist"
