@@ -50,10 +50,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-step-tokens", type=int, default=512)
     parser.add_argument(
-        "--namespace-quota",
+        "--max-share",
         type=float,
         default=1.0,
-        help="largest share of KV blocks one namespace may hold",
+        help="the largest share of KV blocks any tenant may hold (caps what handles ask for)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--log-level", default="info")
@@ -102,7 +102,7 @@ def build(args: argparse.Namespace) -> web.Application:
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
         max_step_tokens=args.max_step_tokens,
-        namespace_quota=args.namespace_quota,
+        max_share=args.max_share,
     )
 
     def build_engine() -> tuple[Engine, tuple[LoadedModel, ModelRunner]]:

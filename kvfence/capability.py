@@ -18,16 +18,32 @@ _MINT: Final = object()
 class Namespace:
     """A verified cache namespace. Compare and hash by value; never construct directly."""
 
-    __slots__ = ("_value", "label")
+    __slots__ = ("_value", "ceiling", "floor", "group", "label")
 
     _value: str
     label: str  # `namespace_label(value)`: the only form logs, metrics and records carry
+    group: str  # the capacity group (one per tenant; opaque): its namespaces share one ceiling
+    ceiling: float  # the largest share of the KV pool the group may hold
+    floor: float  # the share below which other groups may not evict the group's blocks
 
-    def __init__(self, value: str, *, _token: object = None) -> None:
+    def __init__(
+        self,
+        value: str,
+        *,
+        group: str = "",
+        ceiling: float = 1.0,
+        floor: float = 0.0,
+        _token: object = None,
+    ) -> None:
         if _token is not _MINT:
             raise TypeError("a Namespace comes only from a verified handle")
+        if not 0.0 <= floor <= ceiling <= 1.0 or ceiling <= 0.0:
+            raise ValueError("need 0 <= floor <= ceiling <= 1 and ceiling > 0")
         object.__setattr__(self, "_value", value)
         object.__setattr__(self, "label", namespace_label(value))
+        object.__setattr__(self, "group", group or self.label)
+        object.__setattr__(self, "ceiling", ceiling)
+        object.__setattr__(self, "floor", floor)
 
     @property
     def value(self) -> str:
@@ -46,8 +62,9 @@ class Namespace:
         return f"Namespace(#{self.label})"
 
 
-def _mint(value: str) -> Namespace:
-    """Only `kvfence.handle` (after verification) and tests call this."""
+def _mint(value: str, group: str = "", ceiling: float = 1.0, floor: float = 0.0) -> Namespace:
+    """Only `kvfence.handle` (after verification) and tests call this. Without a group the
+    namespace is a group of its own."""
     if not value:
         raise ValueError("empty namespace")
-    return Namespace(value, _token=_MINT)
+    return Namespace(value, group=group, ceiling=ceiling, floor=floor, _token=_MINT)

@@ -11,10 +11,8 @@ request id, so a captured handle can neither carry another body nor be burned by
 from __future__ import annotations
 
 import hashlib
-import heapq
 import hmac
 import re
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -23,10 +21,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from kvfence.capability import Namespace, _mint
 from kvfence.keyfile import TrustStore, b64url, check_key_id
+from kvfence.replay import ReplayGuard
 from kvfence.token import Clock, TokenError, claim, open_token, sign_token
 
 HANDLE_HEADER: Final = "x-kvfence-handle"
 HANDLE_PREFIX: Final = "kvh1"
+_GROUP_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _DIGEST_RE: Final = re.compile(r"^[A-Za-z0-9_-]{43}$")  # base64url of 32 bytes, unpadded
 
 
@@ -54,6 +54,23 @@ class HandleUnavailable(HandleError):
 
 
 @dataclass(frozen=True, slots=True)
+class Share:
+    """A tenant's capacity in a backend's KV pool, carried by its handles: `group` names the
+    tenant without revealing it (all its namespaces share one ceiling), `ceiling` is the largest
+    share of the pool it may hold, `floor` the share other tenants may not evict it below."""
+
+    group: str
+    ceiling: float
+    floor: float
+
+    def __post_init__(self) -> None:
+        if not _GROUP_RE.fullmatch(self.group):
+            raise ValueError("a capacity group is 1-64 characters of [A-Za-z0-9._-]")
+        if not (0.0 <= self.floor <= self.ceiling <= 1.0 and self.ceiling > 0.0):
+            raise ValueError("need 0 <= floor <= ceiling <= 1 and ceiling > 0")
+
+
+@dataclass(frozen=True, slots=True)
 class SignedHandle:
     """A request handle whose signature, claims, lifetime, audience and scope are checked; not
     yet bound to a body nor admitted (`HandleVerifier.admit`). Carries no capability."""
@@ -67,6 +84,7 @@ class SignedHandle:
     key_id: str
     body_digest: str
     seal: object = field(repr=False, compare=False)  # the verifier that checked it
+    share: Share | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +113,20 @@ class VerifiedAdmin:
     key_id: str
 
 
+def _share(claims: dict[str, Any]) -> Share | None:
+    if "grp" not in claims and "sh" not in claims:
+        return None
+    group = claim(claims, "grp", str, HandleError)
+    share = claim(claims, "sh", list, HandleError)
+    if len(share) != 2 or not all(isinstance(x, int | float) and not isinstance(x, bool)
+                                  for x in share):  # fmt: skip
+        raise HandleError("malformed", "claim 'sh' is not [ceiling, floor]")
+    try:
+        return Share(group, float(share[0]), float(share[1]))
+    except ValueError as exc:
+        raise HandleError("malformed", f"claims 'grp'/'sh': {exc}") from None
+
+
 class HandleSigner:
     """Mints handles (the gateway's side). Holds the private key; thread-safe."""
 
@@ -120,12 +152,16 @@ class HandleSigner:
         ttl: float = 60.0,
         *,
         body: bytes,
+        share: Share | None = None,
     ) -> str:
-        """A request handle for exactly `body`, the bytes the gateway sends upstream."""
+        """A request handle for exactly `body`, the bytes the gateway sends upstream; with
+        `share`, the tenant's capacity group in the backend's pool."""
         if not namespace or not model:
             raise ValueError("namespace and model must be non-empty")
         claims = self._claims("handle", request_id, audience, ttl)
         claims.update(ns=namespace, model=model, rev=revision, bd=body_digest(body))
+        if share is not None:
+            claims.update(grp=share.group, sh=[share.ceiling, share.floor])
         return sign_token(HANDLE_PREFIX, claims, self._key)
 
     def sign_admin(
@@ -136,32 +172,6 @@ class HandleSigner:
         claims = self._claims("admin", request_id, audience, ttl)
         claims.update(act=action, ns=namespace)
         return sign_token(HANDLE_PREFIX, claims, self._key)
-
-
-class _ReplayGuard:
-    """Request ids seen within their expiry. Memory is one dict entry and one heap entry per
-    live handle; expired entries are pruned on every insert."""
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._seen: dict[tuple[str, str], float] = {}
-        self._heap: list[tuple[float, tuple[str, str]]] = []
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._seen)
-
-    def admit(self, key: tuple[str, str], until: float, now: float) -> None:
-        with self._lock:
-            while self._heap and self._heap[0][0] < now:
-                _, old = heapq.heappop(self._heap)
-                self._seen.pop(old, None)
-            if key in self._seen:
-                raise HandleError("replayed", "request id already used")
-            if len(self._seen) >= self._capacity:
-                raise HandleUnavailable("replay_store_full", "too many live handles")
-            self._seen[key] = until
-            heapq.heappush(self._heap, (until, key))
 
 
 class HandleVerifier:
@@ -181,7 +191,7 @@ class HandleVerifier:
         self._skew = clock_skew
         self._max_ttl = max_ttl
         self._clock = clock
-        self._replay = _ReplayGuard(replay_capacity)
+        self._replay = ReplayGuard(replay_capacity)
         self._seal = object()  # marks the SignedHandles this verifier checked
 
     @property
@@ -210,6 +220,13 @@ class HandleVerifier:
             raise HandleForbidden("wrong_scope", f"not a {typ} handle")
         return claims, iat, exp
 
+    def _spend(self, key: tuple[str, str], expires_at: float) -> None:
+        refused = self._replay.admit(key, expires_at + self._skew, self._clock())
+        if refused == "replayed":
+            raise HandleError("replayed", "request id already used")
+        if refused is not None:
+            raise HandleUnavailable("replay_store_full", "too many live handles")
+
     def check(self, token: str | None) -> SignedHandle:
         """A request handle, checked before anything else of the request is read. A handle
         without a body digest is malformed."""
@@ -220,7 +237,8 @@ class HandleVerifier:
         if not _DIGEST_RE.fullmatch(digest):
             raise HandleError("malformed", "claim 'bd' is not a SHA-256 digest")
         ns, rid, kid = claims["ns"], claims["rid"], claims["kid"]
-        return SignedHandle(ns, rid, model, revision, iat, exp, kid, digest, self._seal)
+        share = _share(claims)
+        return SignedHandle(ns, rid, model, revision, iat, exp, kid, digest, self._seal, share)
 
     def admit(self, handle: SignedHandle, body: bytes) -> VerifiedHandle:
         """Bind `handle` to `body`, the raw request body (before it is parsed), then spend its
@@ -230,9 +248,15 @@ class HandleVerifier:
         if not hmac.compare_digest(body_digest(body), handle.body_digest):
             raise HandleForbidden("body_mismatch", "the body is not the one the handle is for")
         key = (handle.key_id, handle.request_id)
-        self._replay.admit(key, handle.expires_at + self._skew, self._clock())
+        self._spend(key, handle.expires_at)
+        share = handle.share
+        namespace = (
+            _mint(handle.namespace, share.group, share.ceiling, share.floor)
+            if share is not None
+            else _mint(handle.namespace)
+        )
         return VerifiedHandle(
-            _mint(handle.namespace), handle.request_id, handle.model, handle.revision,
+            namespace, handle.request_id, handle.model, handle.revision,
             handle.issued_at, handle.expires_at, handle.key_id,
         )  # fmt: skip
 
@@ -244,5 +268,5 @@ class HandleVerifier:
         claims, iat, exp = self._open(token, "admin")
         if claim(claims, "act", str, HandleError) != action:
             raise HandleForbidden("wrong_action", f"handle does not allow {action!r}")
-        self._replay.admit((claims["kid"], claims["rid"]), exp + self._skew, self._clock())
+        self._spend((claims["kid"], claims["rid"]), exp)
         return VerifiedAdmin(action, _mint(claims["ns"]), claims["rid"], iat, exp, claims["kid"])

@@ -15,6 +15,7 @@ from typing import Final
 
 DOMAIN_TAG: Final = b"kvfence/namespace/v1"
 CANARY_TAG: Final = b"kvfence/canary/v1"  # a separate domain: no tenant input can reach it
+GROUP_TAG: Final = b"kvfence/group/v1"
 KEY_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 SALT_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 MIN_SECRET_BYTES: Final = 32
@@ -82,3 +83,11 @@ def canary_namespace(key: NamespaceKey, backend: str, model: str, arm: str, roun
     fields = (CANARY_TAG.decode(), backend, model, arm, round_id)
     digest = hmac.new(key.secret, b"".join(_field(f) for f in fields), hashlib.sha256).digest()
     return format_salt(key.key_id, digest)
+
+
+def capacity_group(key: NamespaceKey, tenant: str) -> str:
+    """A tenant's capacity group in a backend's KV pool: stable per tenant and key, and opaque
+    (a backend learns which namespaces belong together, never whose they are)."""
+    digest = hmac.new(key.secret, b"".join(_field(f) for f in (GROUP_TAG.decode(), tenant)),
+                      hashlib.sha256).digest()  # fmt: skip
+    return "g." + base64.urlsafe_b64encode(digest[:18]).decode("ascii")

@@ -1,7 +1,10 @@
-"""The KV block pool's bookkeeping: free list, reference counts, owners, quotas, cached blocks.
+"""The KV block pool's bookkeeping: free list, reference counts, owners, capacity groups,
+cached blocks.
 
 Invariant: every block is exactly one of free, used (referenced) or cached-idle; a block is only
-referenced from the namespace that filled it; a block that changes namespace is zeroed first.
+referenced from the namespace that filled it; a block that changes namespace is zeroed first. A
+capacity group (one tenant: all its namespaces) never holds more than its ceiling, and another
+group's allocation never evicts a group's cached blocks below its floor.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+from backend.engine.groups import CapacityGroups
 from backend.engine.prefix_cache import BlockHash, PrefixIndex
 from kvfence.capability import Namespace
 
@@ -22,7 +26,7 @@ class OutOfBlocksError(AllocationError):
 
 
 class QuotaExceededError(AllocationError):
-    """The namespace would hold more than its share of the pool."""
+    """The namespace's capacity group would hold more than its ceiling."""
 
 
 class IntegrityError(AssertionError):
@@ -44,27 +48,29 @@ class BlockPool:
     """Fixed-size blocks handed out per namespace; cached full blocks are reusable by hash."""
 
     def __init__(
-        self, num_blocks: int, block_size: int, *, quota: float = 1.0, zero_on_reuse: bool = True
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        max_share: float = 1.0,
+        zero_on_reuse: bool = True,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
-        if not 0.0 < quota <= 1.0:
-            raise ValueError("quota must be in (0, 1]")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.zero_on_reuse = zero_on_reuse
-        self._limit = max(1, int(quota * num_blocks))
         self._blocks = [_Block() for _ in range(num_blocks)]
         self._free: deque[int] = deque(range(num_blocks))
         self._index = PrefixIndex()
         self._held: dict[Namespace, int] = {}  # blocks owned and used or cached, per namespace
+        self.groups = CapacityGroups(num_blocks, max_share)
         self._used = 0
         self._zero: list[int] = []
 
-    @property
-    def namespace_limit(self) -> int:
-        """The most blocks one namespace may hold at once."""
-        return self._limit
+    def ceiling(self, namespace: Namespace) -> int:
+        """The most blocks the namespace's capacity group may hold at once."""
+        return self.groups.ceiling(namespace)
 
     @property
     def num_free(self) -> int:
@@ -93,18 +99,23 @@ class BlockPool:
         return zero
 
     def allocate(self, namespace: Namespace, n: int) -> list[int]:
-        """n fresh blocks for namespace, each with one reference; all or nothing."""
-        over = self._held.get(namespace, 0) + n - self._limit
-        if over > self._index.idle_count(namespace):
-            raise QuotaExceededError(f"namespace #{namespace.label} is at its block quota")
-        if n > len(self._free) + self._index.idle_count():
+        """n fresh blocks for namespace, each with one reference; all or nothing. Room comes
+        from free blocks, then the group's own idle blocks, then other groups' idle blocks
+        above their floors, least recently used first."""
+        group = namespace.group
+        over = self.groups.held.get(group, 0) + n - self.ceiling(namespace)
+        if over > self._index.idle_count(group):
+            raise QuotaExceededError(f"capacity group #{group[:12]} is at its ceiling")
+        own = self._index.oldest_idle_of(group, max(0, over))  # to stay under the ceiling
+        short = n - len(self._free) - len(own)
+        idle = self._index.iter_idle()
+        victims = self.groups.victims(group, short, set(own), idle) if short > 0 else []
+        if len(victims) < short:
             raise OutOfBlocksError("no free blocks")
-        for _ in range(max(0, over)):
-            self._evict(self._index.oldest_idle(namespace))
+        for block_id in (*own, *victims):
+            self._evict(block_id)
         out = []
         for _ in range(n):
-            if not self._free:
-                self._evict(self._index.oldest_idle())
             block_id = self._free.popleft()
             block = self._blocks[block_id]
             if self.zero_on_reuse and block.owner is not None and block.owner != namespace:
@@ -114,6 +125,7 @@ class BlockPool:
             block.readers = {namespace: 1}
             out.append(block_id)
         self._held[namespace] = self._held.get(namespace, 0) + n
+        self.groups.add(namespace, n)
         self._used += n
         return out
 
@@ -134,6 +146,7 @@ class BlockPool:
             self._held[owner] = left
         else:
             del self._held[owner]
+        self.groups.remove(owner.group)
 
     def lookup(self, namespace: Namespace, h: BlockHash, token_ids: Sequence[int]) -> int | None:
         """The cached block for h, only if it was filled by namespace with exactly token_ids."""
@@ -231,7 +244,8 @@ class BlockPool:
                 _require(i in self._index.cached_blocks(b.owner), f"block {i}: wrong namespace")
         _require(len(self._index) == sum(b.hash is not None for b in self._blocks), "stale hash")
         _require(held == self._held, "per-namespace block counts drifted")
-        _require(all(n <= self._limit for n in held.values()), "a namespace is over its quota")
+        problem = self.groups.check(held)
+        _require(problem is None, problem or "")
 
 
 def _require(ok: bool, message: str) -> None:

@@ -32,7 +32,7 @@ class EngineConfig:
     block_size: int = 16
     max_num_seqs: int = 64
     max_step_tokens: int = 512
-    namespace_quota: float = 1.0  # the largest share of the pool one namespace may hold
+    max_share: float = 1.0  # the largest share of the pool any capacity group may hold
     zero_on_reuse: bool = True  # zero a block before another namespace writes it
 
     def __post_init__(self) -> None:
@@ -40,8 +40,8 @@ class EngineConfig:
             raise ValueError("num_blocks and block_size must be positive")
         if self.max_num_seqs < 1 or self.max_step_tokens < 1:
             raise ValueError("max_num_seqs and max_step_tokens must be positive")
-        if not 0.0 < self.namespace_quota <= 1.0:
-            raise ValueError("namespace_quota must be in (0, 1]")
+        if not 0.0 < self.max_share <= 1.0:
+            raise ValueError("max_share must be in (0, 1]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,7 @@ class Engine:
         self._pool = BlockPool(
             config.num_blocks,
             config.block_size,
-            quota=config.namespace_quota,
+            max_share=config.max_share,
             zero_on_reuse=config.zero_on_reuse,
         )
         self._scheduler = Scheduler(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NewType
 
 from kvfence.capability import Namespace
@@ -52,18 +52,19 @@ def chain_hashes(
 
 
 class PrefixIndex:
-    """Hash -> block id for cached blocks, per-namespace membership, and LRU order of idle ones.
+    """Hash -> block id for cached blocks, per-namespace membership, and LRU order of idle ones
+    (all of them, and per capacity group).
 
     A cached block is idle when no sequence references it; only idle blocks are evictable.
     """
 
-    __slots__ = ("_by_hash", "_by_namespace", "_idle", "_idle_by_namespace")
+    __slots__ = ("_by_group", "_by_hash", "_by_namespace", "_idle")
 
     def __init__(self) -> None:
         self._by_hash: dict[BlockHash, int] = {}
         self._by_namespace: dict[Namespace, set[int]] = {}
         self._idle: OrderedDict[int, Namespace] = OrderedDict()
-        self._idle_by_namespace: dict[Namespace, OrderedDict[int, None]] = {}
+        self._by_group: dict[str, OrderedDict[int, None]] = {}  # idle blocks per group
 
     def get(self, h: BlockHash) -> int | None:
         return self._by_hash.get(h)
@@ -87,27 +88,39 @@ class PrefixIndex:
     def mark_idle(self, block_id: int, namespace: Namespace) -> None:
         """Put a cached block at the most-recently-used end of the LRU."""
         self._idle[block_id] = namespace
-        self._idle_by_namespace.setdefault(namespace, OrderedDict())[block_id] = None
+        self._by_group.setdefault(namespace.group, OrderedDict())[block_id] = None
 
     def mark_busy(self, block_id: int, namespace: Namespace) -> None:
         if self._idle.pop(block_id, None) is None:
             return
-        own = self._idle_by_namespace[namespace]
+        own = self._by_group[namespace.group]
         del own[block_id]
         if not own:
-            del self._idle_by_namespace[namespace]
+            del self._by_group[namespace.group]
 
-    def oldest_idle(self, namespace: Namespace | None = None) -> int | None:
-        """The least recently used idle block, of `namespace` when given, else of anyone."""
-        order = self._idle if namespace is None else self._idle_by_namespace.get(namespace)
+    def oldest_idle(self, group: str | None = None) -> int | None:
+        """The least recently used idle block, of `group` when given, else of anyone."""
+        order = self._idle if group is None else self._by_group.get(group)
         if not order:
             return None
         return next(iter(order))
 
-    def idle_count(self, namespace: Namespace | None = None) -> int:
-        if namespace is None:
+    def oldest_idle_of(self, group: str, count: int) -> list[int]:
+        """The group's `count` least recently used idle blocks (fewer if it has fewer)."""
+        order = self._by_group.get(group)
+        if not order or count <= 0:
+            return []
+        return [block_id for block_id, _ in zip(order, range(count), strict=False)]
+
+    def iter_idle(self) -> Iterator[tuple[int, Namespace]]:
+        """Idle blocks, least recently used first (eviction skips protected groups). Do not
+        change the index while iterating."""
+        return iter(self._idle.items())
+
+    def idle_count(self, group: str | None = None) -> int:
+        if group is None:
             return len(self._idle)
-        return len(self._idle_by_namespace.get(namespace, ()))
+        return len(self._by_group.get(group, ()))
 
     def is_idle(self, block_id: int) -> bool:
         return block_id in self._idle

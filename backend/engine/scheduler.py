@@ -47,7 +47,7 @@ class Scheduler:
         return bool(self._waiting or self._running)
 
     def add(self, seq: Sequence) -> None:
-        if -(-seq.num_tokens // self._bs) > self.pool.namespace_limit:
+        if -(-seq.num_tokens // self._bs) > self.pool.ceiling(seq.namespace):
             raise ContextLengthExceeded(
                 f"prompt of {seq.num_tokens} tokens exceeds the namespace's KV capacity"
             )
@@ -109,16 +109,16 @@ class Scheduler:
             if victim is seq:
                 return False
 
-    def _newest_running(self, same_namespace_as: Sequence | None) -> Sequence:
+    def _newest_running(self, same_group_as: Sequence | None) -> Sequence:
         for seq_id in reversed(self._running):
             seq = self._seqs[seq_id]
-            if same_namespace_as is None or seq.namespace == same_namespace_as.namespace:
+            if same_group_as is None or seq.namespace.group == same_group_as.namespace.group:
                 return seq
         raise AssertionError("a running sequence is always a candidate")
 
     def _admit(self, budget: int, chunks: list[Chunk]) -> None:
-        """Admit waiting sequences in order; one over its namespace's quota is skipped, not
-        waited on, so a tenant at its quota cannot stall the others."""
+        """Admit waiting sequences in order; one whose group is at its ceiling is skipped, not
+        waited on, so a tenant at its ceiling cannot stall the others."""
         if budget == 0 or len(self._running) >= self.max_num_seqs:
             return
         candidates = list(itertools.islice(self._waiting, self.max_num_seqs))
@@ -194,7 +194,7 @@ class Scheduler:
             return "stop"
         if seq.num_generated >= seq.sampling.max_tokens:
             return "length"
-        if seq.num_tokens > self.pool.namespace_limit * self._bs:
+        if seq.num_tokens > self.pool.ceiling(seq.namespace) * self._bs:
             return "length"  # the next token could not be stored
         return None
 

@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Final
 
 from gateway.policy.model import Backend
+from kvfence.handle import Share
 
 CHAT: Final = "/v1/chat/completions"
 COMPLETIONS: Final = "/v1/completions"
@@ -32,7 +33,15 @@ class Adapter(ABC):
     def inject(self, path: str, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
         """Write namespace `ns` into the upstream body or headers for `path`."""
 
-    def bind(self, data: bytes, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
+    def bind(
+        self,
+        data: bytes,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        ns: str,
+        share: Share | None = None,
+    ) -> None:
         """Called after `inject` with `data`, the exact upstream body bytes (`body` encoded); an
-        adapter whose scope token covers the body (kvfence's handle) writes it here."""
+        adapter whose scope token covers the body (kvfence's handle) writes it here, with the
+        tenant's capacity `share` in the backend's pool."""
         return

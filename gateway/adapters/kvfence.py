@@ -14,7 +14,7 @@ from typing import Any
 from gateway.adapters.base import CHAT, COMPLETIONS, Adapter
 from gateway.errors import NotSupported
 from gateway.policy.model import Backend
-from kvfence.handle import HANDLE_HEADER, HandleSigner
+from kvfence.handle import HANDLE_HEADER, HandleSigner, Share
 
 UPSTREAM_ID_HEADER = "x-request-id"
 
@@ -36,7 +36,14 @@ class KvfenceAdapter(Adapter):
             raise NotSupported("this gateway has no handle key for kvfence backends")
         headers[UPSTREAM_ID_HEADER] = f"{headers[UPSTREAM_ID_HEADER]}.{secrets.token_hex(6)}"
 
-    def bind(self, data: bytes, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
+    def bind(
+        self,
+        data: bytes,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        ns: str,
+        share: Share | None = None,
+    ) -> None:
         options = self.backend.kvfence
         assert self.signer is not None and options is not None  # inject refused otherwise
         model = body["model"]
@@ -48,4 +55,5 @@ class KvfenceAdapter(Adapter):
             options.audience,
             self.ttl_s,
             body=data,
+            share=share,
         )

@@ -19,6 +19,8 @@ from gateway.state import (
     NAMESPACE,
     REQUEST_ID,
     ROUTE,
+    RUNTIME,
+    TENANT,
     UPSTREAM_BODY,
     UPSTREAM_HEADERS,
 )
@@ -48,6 +50,6 @@ async def inject(request: web.Request) -> None:
     streaming = body.get("stream") is True and request.path in (CHAT, COMPLETIONS)
     request[DROP_USAGE] = _ask_for_usage(body) if streaming else False
     data = jsonbody.dumps(body)
-    route.adapter.bind(data, body, headers, ns)
+    route.adapter.bind(data, body, headers, ns, request[RUNTIME].shares.get(request[TENANT].id))
     request[UPSTREAM_BODY] = data
     request[UPSTREAM_HEADERS] = headers

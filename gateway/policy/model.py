@@ -236,6 +236,16 @@ class TenantLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantCache:
+    """The tenant's share of our backends' KV pools (all its namespaces together): at most
+    `ceiling`; other tenants may not evict its cached blocks below `floor` (None: half the pool
+    split evenly between the policy's tenants)."""
+
+    ceiling: float = 0.5
+    floor: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Tenant:
     id: str
     api_keys: tuple[str, ...]
@@ -243,6 +253,7 @@ class Tenant:
     models: tuple[str, ...]
     scope_header: str | None = None  # where a user or session id may arrive besides the body
     limits: TenantLimits = TenantLimits()
+    cache: TenantCache = TenantCache()
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,8 @@ from gateway.adapters.registry import ADAPTERS
 from gateway.policy.model import Backend, ModelSpec, Policy, Tenant
 from kvfence.apikey import is_well_formed, key_digest
 from kvfence.attestation import AttestationVerifier
-from kvfence.handle import HandleSigner
-from kvfence.namespace import NamespaceKey, derive_namespace
+from kvfence.handle import HandleSigner, Share
+from kvfence.namespace import NamespaceKey, capacity_group, derive_namespace
 
 NAMESPACE_CACHE_SIZE: Final = 65536
 
@@ -51,6 +51,7 @@ class Runtime:
         "attestations",
         "policy",
         "routes",
+        "shares",
         "upstream_timeout",
     )
 
@@ -75,6 +76,15 @@ class Runtime:
                 routes.setdefault(m.name, []).append(Route(b, m, adapters[b.name]))
         self.routes = {name: tuple(found) for name, found in routes.items()}
         self._cache: dict[tuple[str, str, str, str], str] = {}
+        even = 0.5 / max(1, len(policy.tenants))  # default floors reserve half a pool in all
+        self.shares = {
+            t.id: Share(
+                capacity_group(self._ns_key, t.id),
+                t.cache.ceiling,
+                min(t.cache.ceiling, even if t.cache.floor is None else t.cache.floor),
+            )
+            for t in policy.tenants
+        }
         # aiohttp's share of the upstream deadlines; the first byte has its own (see proxy).
         self.upstream_timeout = aiohttp.ClientTimeout(
             sock_connect=policy.gateway.timeouts.connect_s

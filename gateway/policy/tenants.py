@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from gateway.filters.sanitize import is_scoping_header
-from gateway.policy.model import Scope, Tenant, TenantLimits
+from gateway.policy.model import Scope, Tenant, TenantCache, TenantLimits
 from gateway.policy.node import Node, unique_items
 from kvfence.apikey import is_digest
 
@@ -36,7 +36,7 @@ def _key_digests(node: Node, base: Path) -> list[tuple[Node, str]]:
 
 
 def _tenant(item: Node, served: set[str], digests: set[str], base: Path) -> Tenant:
-    f = item.mapping(_TENANT_REQ, _F({"scope_header", "limits"}))
+    f = item.mapping(_TENANT_REQ, _F({"scope_header", "limits", "cache"}))
     scope = Scope(f["scope"].choice(tuple(s.value for s in Scope)))
     keys = []
     for entry in f["api_keys"].items():
@@ -59,7 +59,19 @@ def _tenant(item: Node, served: set[str], digests: set[str], base: Path) -> Tena
         if is_scoping_header(header):
             f["scope_header"].fail("names a header the gateway reserves for cache scoping")
     limits = _limits(f["limits"]) if "limits" in f else TenantLimits()
-    return Tenant(f["id"].text(_TENANT_RE), tuple(keys), scope, tuple(models), header, limits)
+    cache = _cache(f["cache"]) if "cache" in f else TenantCache()
+    return Tenant(
+        f["id"].text(_TENANT_RE), tuple(keys), scope, tuple(models), header, limits, cache
+    )
+
+
+def _cache(node: Node) -> TenantCache:
+    f = node.mapping(_F(), _F({"ceiling", "floor"}))
+    ceiling = f["ceiling"].number(0.01, 1.0) if "ceiling" in f else TenantCache().ceiling
+    floor = f["floor"].number(0.0, 1.0) if "floor" in f else None
+    if floor is not None and floor > ceiling:
+        f["floor"].fail(f"must not exceed the ceiling ({ceiling:g})")
+    return TenantCache(ceiling, floor)
 
 
 def _limits(node: Node) -> TenantLimits:

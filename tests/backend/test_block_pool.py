@@ -97,7 +97,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.pool = BlockPool(8, BS, quota=0.5)
+        self.pool = BlockPool(8, BS, max_share=0.5)
         self.serial = 0
         self.hashes: list[tuple[Namespace, BlockHash, list[int]]] = []
 
@@ -158,3 +158,99 @@ class PoolMachine(RuleBasedStateMachine):
 
 PoolMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestPoolMachine = PoolMachine.TestCase
+
+
+# Capacity groups: a tenant's namespaces share one ceiling; others may not evict below its floor.
+A1 = _mint("acme-user-1", "acme", 0.5, 0.25)
+A2 = _mint("acme-user-2", "acme", 0.5, 0.25)
+G = _mint("globex", "globex", 0.5, 0.25)
+
+
+def cached_blocks(pool: BlockPool, ns: Namespace, n: int) -> list[int]:
+    """n blocks allocated by ns, cached and released: idle, evictable, counted."""
+    blocks = pool.allocate(ns, n)
+    for i, block in enumerate(blocks):
+        ids = [ns.value.__hash__() % 1000, i]
+        pool.cache(block, block_hash(namespace_root(ns), ids), ids)
+        pool.release(block, ns)
+    return blocks
+
+
+def group_held(pool: BlockPool, group: str) -> int:
+    return sum(n for ns, n in pool.held().items() if ns.group == group)
+
+
+def test_a_tenants_namespaces_share_one_ceiling() -> None:
+    pool = BlockPool(8, BS)
+    pool.allocate(A1, 3)
+    with pytest.raises(AllocationError):
+        pool.allocate(A2, 2)  # 3 + 2 > half of 8: user 2 cannot escape user 1's ceiling
+    pool.allocate(A2, 1)
+    pool.check_integrity()
+
+
+def test_another_tenant_cannot_evict_below_the_floor() -> None:
+    pool = BlockPool(8, BS)
+    cached_blocks(pool, A1, 4)  # acme at its ceiling, all idle
+    cached_blocks(pool, G, 4)  # globex fills the rest
+    pool.allocate(G, 2)  # globex evicts its own idle blocks first (its ceiling is 4)
+    assert group_held(pool, "acme") == 4
+    flood = _mint("globex-2", "globex", 1.0, 0.0)  # even asking for the whole pool...
+    with pytest.raises(AllocationError):
+        pool.allocate(flood, 7)
+    pool.allocate(flood, 4)
+    assert group_held(pool, "acme") >= 2  # ...acme keeps its floor (a quarter of 8)
+    pool.check_integrity()
+
+
+def test_floors_that_would_reserve_more_than_half_are_scaled_down() -> None:
+    pool = BlockPool(8, BS)
+    big = [_mint(f"t{i}", f"t{i}", 0.5, 0.5) for i in range(3)]
+    for ns in big:
+        cached_blocks(pool, ns, 2)  # 3 floors of 4 blocks each ask for 12 of 8
+    newcomer = _mint("new", "new", 1.0, 0.0)
+    pool.allocate(newcomer, 4)  # half the pool always stays within anyone's reach
+    pool.check_integrity()
+
+
+class GroupMachine(RuleBasedStateMachine):
+    """Random allocations and releases by two tenants (one with two users) and a flooder:
+    ceilings hold, and nobody is pushed below its floor by anyone else."""
+
+    held = Bundle("held")
+    FLOOD = _mint("flood", "flood", 1.0, 0.0)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = BlockPool(12, BS)
+        self.serial = 0
+
+    @rule(target=held, ns=st.sampled_from([A1, A2, G, FLOOD]), n=st.integers(1, 4))
+    def allocate(self, ns: Namespace, n: int) -> object:
+        before = {g: group_held(self.pool, g) for g in ("acme", "globex", "flood")}
+        try:
+            blocks = self.pool.allocate(ns, n)
+        except AllocationError:
+            return multiple()
+        for group, floor in (("acme", 3), ("globex", 3)):
+            if group != ns.group:
+                assert group_held(self.pool, group) >= min(before[group], floor)
+        return multiple(*((ns, b) for b in blocks))
+
+    @rule(item=consumes(held), keep=st.booleans())
+    def release(self, item: tuple[Namespace, int], keep: bool) -> None:
+        ns, block = item
+        if keep:  # cache it, so it stays held (idle) until evicted
+            self.serial += 1
+            ids = [self.serial, self.serial]
+            self.pool.cache(block, block_hash(namespace_root(ns), ids), ids)
+        self.pool.release(block, ns)
+
+    @invariant()
+    def integrity(self) -> None:
+        self.pool.check_integrity()
+        assert group_held(self.pool, "acme") <= 6 and group_held(self.pool, "globex") <= 6
+
+
+GroupMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+TestGroupMachine = GroupMachine.TestCase

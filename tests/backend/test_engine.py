@@ -175,7 +175,7 @@ class EngineMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.engine, self.runner = make_engine(
-            num_blocks=MACHINE_BLOCKS, max_num_seqs=4, max_step_tokens=10, namespace_quota=0.6
+            num_blocks=MACHINE_BLOCKS, max_num_seqs=4, max_step_tokens=10, max_share=0.6
         )
         self.live: dict[int, tuple[Namespace, list[int], int]] = {}
         self.generated: dict[int, list[int]] = {}

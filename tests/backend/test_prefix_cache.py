@@ -137,7 +137,7 @@ def test_flush_drops_one_namespace_only() -> None:
 
 
 def test_namespace_over_quota_evicts_its_own_cache_first() -> None:
-    pool = BlockPool(4, BS, quota=0.5)
+    pool = BlockPool(4, BS, max_share=0.5)
     a1, h1 = _cached_block(pool, A, [1, 1, 1, 1])
     a2, h2 = _cached_block(pool, A, [2, 2, 2, 2])
     b1, hb = _cached_block(pool, B, [3, 3, 3, 3])
@@ -154,7 +154,7 @@ def test_namespace_over_quota_evicts_its_own_cache_first() -> None:
 
 
 def test_namespace_at_quota_with_nothing_to_evict_is_refused() -> None:
-    pool = BlockPool(4, BS, quota=0.5)
+    pool = BlockPool(4, BS, max_share=0.5)
     pool.allocate(A, 2)
     with pytest.raises(QuotaExceededError):
         pool.allocate(A, 1)

@@ -39,7 +39,7 @@ class Harness:
         max_num_seqs: int = 8,
         quota: float = 1.0,
     ) -> None:
-        self.pool = BlockPool(num_blocks, bs, quota=quota)
+        self.pool = BlockPool(num_blocks, bs, max_share=quota)
         self.sched = Scheduler(self.pool, max_num_seqs=max_num_seqs, max_step_tokens=budget)
         self.runner = FakeRunner(num_blocks, bs)
 

@@ -64,7 +64,16 @@ def make_keys(folder: Path) -> Keys:
     return Keys(folder, {t: mint_key() for t in TENANTS})
 
 
-def write_policy(keys: Keys, backend_url: str, model: str, *, audit: str = "enforce") -> Path:
+def write_policy(
+    keys: Keys,
+    backend_url: str,
+    model: str,
+    *,
+    audit: str = "enforce",
+    tenants: dict[str, str] | None = None,
+) -> Path:
+    """The stack's policy; `tenants` replaces a tenant's `scope: tenant` with other settings
+    (e.g. `{"globex": "scope: user, cache: {ceiling: 0.5, floor: 0.25}"}`)."""
     digests = {t: key_digest(PEPPER.encode(), k) for t, k in keys.api_keys.items()}
     text = textwrap.dedent(f"""\
         version: 1
@@ -84,19 +93,23 @@ def write_policy(keys: Keys, backend_url: str, model: str, *, audit: str = "enfo
             audit: {audit}
             models: [{{name: {model}, revision: "1"}}]
         tenants:
-          - {{id: acme, api_keys: ["{digests["acme"]}"], scope: tenant, models: [{model}]}}
-          - {{id: globex, api_keys: ["{digests["globex"]}"], scope: tenant, models: [{model}]}}
+          - {{id: acme, api_keys: ["{digests["acme"]}"], {{acme}}, models: [{model}]}}
+          - {{id: globex, api_keys: ["{digests["globex"]}"], {{globex}}, models: [{model}]}}
         """)
+    settings = {"acme": "scope: tenant", "globex": "scope: tenant", **(tenants or {})}
+    text = text.replace("{acme}", settings["acme"]).replace("{globex}", settings["globex"])
     path = keys.folder / f"policy-{audit}.yaml"
     path.write_text(text)
     return path
 
 
-def make_backend(loaded: LoadedModel, keys: Keys, *, leaky: bool = False) -> web.Application:
+def make_backend(
+    loaded: LoadedModel, keys: Keys, *, leaky: bool = False, blocks: int = 256
+) -> web.Application:
     """Our backend app; `leaky` swaps in the test double that maps a foreign block into new
     requests (tests/backend/leaky_engine.py)."""
-    runner = ModelRunner(loaded, num_blocks=256, block_size=16)
-    config = EngineConfig(num_blocks=256, block_size=16)
+    runner = ModelRunner(loaded, num_blocks=blocks, block_size=16)
+    config = EngineConfig(num_blocks=blocks, block_size=16)
     backend = Backend(
         EngineWorker((LeakyEngine if leaky else Engine)(runner, config)),
         loaded.tokenizer,
@@ -140,10 +153,15 @@ class Stack:
 
 @asynccontextmanager
 async def running_stack(
-    backend: web.Application, keys: Keys, model: str, *, audit: str = "enforce"
+    backend: web.Application,
+    keys: Keys,
+    model: str,
+    *,
+    audit: str = "enforce",
+    tenants: dict[str, str] | None = None,
 ) -> AsyncIterator[Stack]:
     backend_runner, backend_url = await serve(backend)
-    policy = write_policy(keys, backend_url, model, audit=audit)
+    policy = write_policy(keys, backend_url, model, audit=audit, tenants=tenants)
     gateway = create_gateway(load_policy(policy))
     gateway_runner = await start(gateway, "127.0.0.1", 0)
     session = aiohttp.ClientSession()
