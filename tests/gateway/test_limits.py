@@ -74,7 +74,7 @@ async def test_at_the_cap_the_longest_idle_connection_makes_room(upstream: FakeU
     gw, runner = await run_gateway(parse_policy(_capped(upstream.url), "t.yaml", env=ENV), upstream)
     try:
         (r1, w1), (_r2, w2) = await _connect(gw), await _connect(gw)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)  # past the new connections' grace
         r3, w3 = await _connect(gw)
         async with asyncio.timeout(10):
             assert await r1.read(1024) == b""  # the oldest idle one gave way
@@ -96,9 +96,12 @@ async def test_when_every_connection_is_busy_a_newcomer_gets_503() -> None:
     try:
         busy = [await gw.chat(t, body) for t in ("acme", "globex")]  # both held open upstream
         reader, writer = await _connect(gw)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         async with asyncio.timeout(10):
             answer = await reader.read()
-        assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in answer
+        head = answer.lower()
+        assert head.startswith(b"http/1.1 503") and b"retry-after: 1" in head
+        assert b"connection: close" in head and b'"code":"overloaded"' in head
         for resp in busy:
             resp.close()
         writer.close()
