@@ -1,6 +1,7 @@
 """The admin listener: operational endpoints on their own port (loopback by default), never on
 the tenant listener. `GET /status` and `GET /metrics` need the admin token when one is set;
-actions (`POST /canary/{backend}`, `POST /quarantine/{backend}/release`) always need it.
+actions (`POST /reload`, `POST /canary/{backend}`, `POST /quarantine/{backend}/release`) always
+need it.
 
 Invariant: no tenant API key opens anything here, and no route here exists on the tenant port.
 """
@@ -8,17 +9,21 @@ Invariant: no tenant API key opens anything here, and no route here exists on th
 from __future__ import annotations
 
 import hmac
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
 
+from gateway.policy.reload import RELOADER
 from gateway.state import HOLDER, METRICS, VERIFY
 from gateway.verify.watch import Watch
 
 GATEWAY = web.AppKey("kvfence_gateway_app", web.Application)
 WATCH_OF = web.AppKey("kvfence_admin_watch", Watch)
+WORKER = web.AppKey("kvfence_admin_under_supervisor", bool)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -26,8 +31,9 @@ def _json(data: object, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
-def _error(status: int, code: str, message: str) -> web.Response:
-    return _json({"error": {"message": message, "type": "admin_error", "code": code}}, status)
+def _error(status: int, code: str, message: str, **extra: object) -> web.Response:
+    error = {"message": message, "type": "admin_error", "code": code, **extra}
+    return _json({"error": error}, status)
 
 
 @web.middleware
@@ -103,10 +109,30 @@ async def release(request: web.Request) -> web.Response:
     return _json({"backend": name, "health": after.as_json()})
 
 
-def create_admin_app(gateway: web.Application, watch: Watch) -> web.Application:
+async def reload(request: web.Request) -> web.Response:
+    """Reload the policy file now: 200 with its summary, or 422 with every error (the running
+    policy stays). Under `--workers`, the supervisor is asked (SIGHUP) to reload every worker."""
+    gateway = request.app[GATEWAY]
+    reloader = gateway.get(RELOADER)
+    if reloader is None:
+        return _error(404, "no_policy_file", "this gateway was not started from a policy file")
+    if not await reloader.reload():
+        message = "policy reload refused; the running policy stays"
+        return _error(422, "policy_invalid", message, errors=reloader.errors)
+    if request.app[WORKER]:
+        os.kill(os.getppid(), signal.SIGHUP)  # the supervisor forwards it to every worker
+    return _json({"reloaded": True, "policy": gateway[HOLDER].runtime.policy.summary()})
+
+
+def create_admin_app(
+    gateway: web.Application, watch: Watch, worker: bool = False
+) -> web.Application:
+    """The admin app for `gateway`; `worker` when it runs under the `--workers` supervisor."""
     app = web.Application(middlewares=[authorize])
     app[GATEWAY] = gateway
     app[WATCH_OF] = watch
+    app[WORKER] = worker
+    app.router.add_post("/reload", reload)
     app.router.add_get("/status", status)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/canary/{backend}", canary)

@@ -1,5 +1,5 @@
-"""`kvfence admin`: talk to a running gateway's admin listener (status, a canary round now, a
-quarantine release). The token comes from a file or an environment variable, never the command
+"""`kvfence admin`: talk to a running gateway's admin listener (status, a policy reload, a
+canary round now, a quarantine release). The token comes from a file or an environment variable, never the command
 line. Exit 0 on success, 1 when the gateway refused, 2 when it could not be reached."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--token-env", default="KVFENCE_ADMIN_TOKEN", help="env var holding it")
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("status", help="per-backend verification state (JSON)")
+    sub.add_parser("reload", help="reload the policy file now (every worker); errors listed")
     for name, text in (("canary", "run a canary round now"), ("release", "end a quarantine")):
         sub.add_parser(name, help=text).add_argument("backend")
 
@@ -45,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.url.startswith(("http://", "https://")):
         print("kvfence admin: --url must be http:// or https://", file=sys.stderr)
         return 2
-    path = {"status": "/status", "canary": "/canary/{}", "release": "/quarantine/{}/release"}
+    path = {"status": "/status", "reload": "/reload", "canary": "/canary/{}", "release": "/quarantine/{}/release"}
     url = args.url.rstrip("/") + path[args.action].format(getattr(args, "backend", ""))
     method = "GET" if args.action == "status" else "POST"
     request = urllib.request.Request(url, method=method)  # noqa: S310 (http(s) checked above)

@@ -35,7 +35,7 @@ from gateway.filters.scrub import scrub_client_inputs
 from gateway.limits import SharedLimits
 from gateway.metrics import HealthCollector, Metrics
 from gateway.policy.model import Policy
-from gateway.policy.reload import PolicyHolder, Reloader, reload_ctx
+from gateway.policy.reload import RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
 from gateway.proxy import forward
 from gateway.state import (
@@ -239,6 +239,7 @@ def create_app(
     app.cleanup_ctx.append(_verify_ctx(temporary))
     if reload_from is not None:
         reloader = Reloader(reload_from, app[HOLDER], app[METRICS], reload_interval_s)
+        app[RELOADER] = reloader
         app.cleanup_ctx.append(reload_ctx(reloader))
     for path in sorted(PROXIED_PATHS):
         app.router.add_post(path, proxied)

@@ -100,6 +100,12 @@ class BodyTooLarge(GatewayError):
     status, type, code = 413, "invalid_request_error", "body_too_large"
 
 
+class UnsupportedEncoding(GatewayError):
+    """A request body in a Content-Encoding other than identity, gzip or deflate."""
+
+    status, type, code = 415, "invalid_request_error", "unsupported_content_encoding"
+
+
 class NotSupported(GatewayError):
     status, type, code = 501, "server_error", "not_supported"
 

@@ -44,8 +44,10 @@ async def start(
 async def start_admin(
     app: web.Application, host: str, port: int, *, reuse_port: bool = False
 ) -> web.AppRunner:
-    """Start the admin listener for gateway `app` (its own port; see gateway.admin)."""
-    runner = web.AppRunner(create_admin_app(app, app[WATCH]), access_log=None)
+    """Start the admin listener for gateway `app` (its own port; see gateway.admin).
+    `reuse_port` means a worker under the `--workers` supervisor, which shares the port."""
+    admin = create_admin_app(app, app[WATCH], worker=reuse_port)
+    runner = web.AppRunner(admin, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
     await site.start()

@@ -3,6 +3,10 @@
 Parsing and later re-serialising means duplicate keys and parser quirks never reach a backend;
 integers beyond 64 bits are kept exact (`gateway.jsonbody`). A body whose framing breaks while
 it is read (a bad chunk, bad compression) is a 400, counted as malformed, never a 500.
+
+A compressed body (`Content-Encoding: gzip` or `deflate`, one layer) is decoded as it arrives,
+in bounded steps, and the size cap counts the decoded bytes, so a compression bomb is a 413 after
+at most the cap; any other encoding is a 415 before a byte of the body is read.
 """
 
 from __future__ import annotations
@@ -12,8 +16,16 @@ import asyncio
 from aiohttp import web
 
 from gateway import jsonbody
-from gateway.errors import BadRequest, BodyTooLarge, MalformedBody, RequestTimeout
+from gateway.errors import (
+    BadRequest,
+    BodyTooLarge,
+    MalformedBody,
+    RequestTimeout,
+    UnsupportedEncoding,
+)
 from gateway.state import BODY, EDGE, RUNTIME
+
+ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
 
 
 async def _read_limited(request: web.Request, limit: int) -> bytes:
@@ -39,7 +51,16 @@ def _arrived(request: web.Request, limit: int) -> bytes | None:
     return data
 
 
+def _check_encoding(request: web.Request) -> None:
+    encodings = request.headers.getall("content-encoding", [])
+    if len(encodings) > 1 or (encodings and encodings[0].strip().lower() not in ENCODINGS):
+        raise UnsupportedEncoding(
+            "request bodies may be sent as is or with Content-Encoding gzip or deflate"
+        )
+
+
 async def read_body(request: web.Request) -> None:
+    _check_encoding(request)
     limits = request[RUNTIME].policy.gateway.limits
     try:
         raw = _arrived(request, limits.max_body_bytes)

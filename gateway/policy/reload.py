@@ -49,6 +49,7 @@ def fingerprint(path: Path) -> Fingerprint | None:
 class Reloader:
     def __init__(self, path: Path, holder: PolicyHolder, metrics: Metrics, interval_s: float):
         self.path, self.holder, self.metrics, self.interval_s = path, holder, metrics, interval_s
+        self.errors: list[str] = []  # why the last reload was refused (empty after a good one)
         # Taken now, at start-up, so an edit made before the watcher's first poll still counts.
         self._seen: Fingerprint | None = fingerprint(path)
         self._lock = asyncio.Lock()
@@ -63,12 +64,13 @@ class Reloader:
                 return self._refused(exc.errors)
             except Exception as exc:  # any failure leaves the old policy in force
                 return self._refused([f"{self.path}:0: (file): {type(exc).__name__}"])
-            self.holder.runtime = runtime
+            self.holder.runtime, self.errors = runtime, []
             self.metrics.reloads.labels("ok").inc()
             log.info("policy reloaded", extra={"summary": policy.summary()})
             return True
 
     def _refused(self, errors: list[str]) -> bool:
+        self.errors = errors
         self.metrics.reloads.labels("refused").inc()
         log.warning("policy reload refused", extra={"errors": errors[:20]})
         return False
@@ -82,6 +84,9 @@ class Reloader:
                     await self.reload()
             except Exception as exc:  # the watcher must not die
                 self._refused([f"{self.path}:0: (watcher): {type(exc).__name__}"])
+
+
+RELOADER = web.AppKey("kvfence_reloader", Reloader)
 
 
 def reload_ctx(reloader: Reloader) -> Callable[[web.Application], AsyncIterator[None]]:

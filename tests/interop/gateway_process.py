@@ -27,7 +27,7 @@ def _ready(url: str) -> bool:
 @contextlib.contextmanager
 def gateway_process(
     policy: Path, url: str, workers: int = 2, env: dict[str, str] | None = None
-) -> Iterator[None]:
+) -> Iterator[subprocess.Popen[bytes]]:
     """Run the gateway on `policy` until the block ends; enter once `url` answers /readyz."""
     command = [sys.executable, "-m", "kvfence.cli", "gateway", "--policy", str(policy)]
     command += ["--workers", str(workers), "--log-level", "warning"]
@@ -40,7 +40,7 @@ def gateway_process(
             raise RuntimeError("the gateway did not become ready")
         if proc.poll() is not None:
             raise RuntimeError(f"the gateway exited: {policy.with_suffix('.log').read_text()}")
-        yield
+        yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
