@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backend.engine.block_pool import BlockPool
 from backend.engine.plan import Runner, SamplingParams
@@ -66,6 +66,7 @@ class EngineStats:
     waiting: int  # queue depth
     running: int
     namespace_blocks: Mapping[str, int]  # keyed by namespace label (`namespace_label`)
+    group_blocks: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (held, floor)
 
 
 class Engine:
@@ -177,4 +178,5 @@ class Engine:
             waiting=self._scheduler.num_waiting,
             running=self._scheduler.num_running,
             namespace_blocks={ns.label: n for ns, n in pool.held().items()},
+            group_blocks={g: (n, pool.groups.floor(g)) for g, n in pool.groups.held.items()},
         )

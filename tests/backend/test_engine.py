@@ -150,6 +150,8 @@ def test_stats_report_namespaces_by_digest() -> None:
     stats = engine.stats()
     assert stats.namespace_blocks == {A.label: 2, B.label: 3}  # A's full blocks stay cached
     assert (stats.blocks_used, stats.blocks_cached, stats.blocks_free) == (3, 2, 11)
+    held = {group: n for group, (n, _floor) in stats.group_blocks.items()}
+    assert held == {A.group: 2, B.group: 3}  # one capacity group per tenant
 
 
 def test_bad_requests_are_refused() -> None:
