@@ -66,7 +66,8 @@ def test_scripts_up_names_a_busy_port_before_starting_anything(tmp_path: Path) -
         busy.listen()
         port = busy.getsockname()[1]
         done = subprocess.run(
-            ["bash", "scripts/up", "--backend-port", str(port), "--port", str(_free_port())],
+            ["bash", "scripts/up", "--backend-port", str(port), "--port", str(_free_port()),
+             "--admin-port", str(_free_port())],
             cwd=clone, env=_env(), capture_output=True, text=True, timeout=120,
         )  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
