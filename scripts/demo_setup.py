@@ -109,7 +109,7 @@ def main() -> int:
     parser.add_argument("state", type=Path)
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--admin-port", type=int, default=8081)
-    parser.add_argument("--backend-port", type=int, default=8000)
+    parser.add_argument("--backend-port", type=int, default=8100)
     parser.add_argument("--print", action="store_true", dest="show")
     args = parser.parse_args()
     if args.show:

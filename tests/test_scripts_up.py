@@ -3,6 +3,7 @@ works as printed. (The clone reuses this checkout's installed .venv instead of i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -65,11 +66,18 @@ def test_scripts_up_names_a_busy_port_before_starting_anything(tmp_path: Path) -
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        done = subprocess.run(
+        proc = subprocess.Popen(
             ["bash", "scripts/up", "--backend-port", str(port), "--port", str(_free_port()),
              "--admin-port", str(_free_port())],
-            cwd=clone, env=_env(), capture_output=True, text=True, timeout=120,
+            cwd=clone, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
         )  # fmt: skip
+        try:
+            stdout, stderr = proc.communicate(timeout=120)
+        finally:  # whatever it started goes too, should it have started anything
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert done.returncode == 2, done.stdout + done.stderr
     [line] = done.stderr.strip().splitlines()
     assert f"127.0.0.1:{port} is already in use" in line
