@@ -20,7 +20,12 @@ access_log = logging.getLogger("kvfence.gateway.access")
 log = logging.getLogger("kvfence.gateway")
 
 
+UNCOUNTED = frozenset({"/healthz", "/readyz"})  # probes: they would swamp the request rate
+
+
 def finish(request: web.Request, status: int, timing: Timing) -> None:
+    if request.path in UNCOUNTED:
+        return
     end = time.perf_counter()
     tenant = request[TENANT].id if TENANT in request else "-"
     route = request.get(ROUTE)

@@ -56,6 +56,7 @@ async def test_readyz_follows_the_backends_health(gw: Gateway, admin: str) -> No
     metrics = await (await gw.session.get(admin + "/metrics")).text()
     assert 'kvfence_gateway_backend_up{backend="fake-vllm"} 0.0' in metrics
     assert "kvfence_gateway_ready 0.0" in metrics
+    assert "kvfence_gateway_requests_total{" not in metrics  # probes do not count as requests
     gw.upstream.unhealthy = False
     await until(lambda: _is(gw, 200), 15, "/readyz answering 200 again")
 
