@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from backend.model.errors import ModelLoadError
 from kvfence.keyfile import KeyFileError
+from kvfence.listen import ListenError, check_listen
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -63,9 +64,10 @@ def main(args: argparse.Namespace) -> int:
     from kvfence.logs import configure_logging
 
     configure_logging(args.log_level)
-    try:
+    try:  # before the model loads: a busy port is one line, not a traceback after "ready"
+        check_listen(args.host, args.port, "the backend", "choose another with --port")
         app = build(args)
-    except (ModelLoadError, KeyFileError, ValueError) as exc:
+    except (ModelLoadError, KeyFileError, ListenError, ValueError) as exc:
         print(f"kvfence backend: {exc}", file=sys.stderr)
         return 2
     from aiohttp import web

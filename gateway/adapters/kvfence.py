@@ -22,6 +22,7 @@ UPSTREAM_ID_HEADER = "x-request-id"
 class KvfenceAdapter(Adapter):
     kind = "kvfence"
     paths = frozenset({CHAT, COMPLETIONS})
+    health_path = "/readyz"  # 503 while the model loads
 
     def __init__(
         self, backend: Backend, signer: HandleSigner | None = None, ttl_s: float = 60.0
