@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from backend.engine.block_pool import BlockPool
-from backend.engine.plan import Runner, SamplingParams
+from backend.engine.plan import PrefillPolicy, Runner, SamplingParams
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
 from kvfence.capability import Namespace
@@ -32,6 +32,7 @@ class EngineConfig:
     block_size: int = 16
     max_num_seqs: int = 64
     max_step_tokens: int = 512
+    prefill_policy: PrefillPolicy = "fill"  # see backend.engine.plan.PrefillPolicy
     namespace_quota: float = 1.0  # the largest share of the pool one namespace may hold
     zero_on_reuse: bool = True  # zero a block before another namespace writes it
 
@@ -88,6 +89,7 @@ class Engine:
             self._pool,
             max_num_seqs=config.max_num_seqs,
             max_step_tokens=config.max_step_tokens,
+            prefill_policy=config.prefill_policy,
         )
         self._ids = itertools.count(1)
         self._prompt_tokens = 0
