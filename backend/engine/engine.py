@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from backend.engine.block_pool import BlockPool
-from backend.engine.plan import Runner, SamplingParams
+from backend.engine.plan import PrefillPolicy, Runner, SamplingParams
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
 from kvfence.capability import Namespace
@@ -33,6 +33,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_step_tokens: int = 512
     max_share: float = 1.0  # the largest share of the pool any capacity group may hold
+    prefill_policy: PrefillPolicy = "fill"  # see backend.engine.plan.PrefillPolicy
     zero_on_reuse: bool = True  # zero a block before another namespace writes it
 
     def __post_init__(self) -> None:
@@ -89,6 +90,7 @@ class Engine:
             self._pool,
             max_num_seqs=config.max_num_seqs,
             max_step_tokens=config.max_step_tokens,
+            prefill_policy=config.prefill_policy,
         )
         self._ids = itertools.count(1)
         self._prompt_tokens = 0
