@@ -19,7 +19,7 @@ from aiohttp import web
 
 from gateway.liveness import LIVENESS
 from gateway.policy.reload import RELOADER
-from gateway.state import HOLDER, METRICS, VERIFY
+from gateway.state import HOLDER, METRICS, REPLICAS, VERIFY
 from gateway.verify.watch import Watch
 
 GATEWAY = web.AppKey("kvfence_gateway_app", web.Application)
@@ -54,7 +54,7 @@ async def status(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     policy = gateway[HOLDER].runtime.policy
     board, liveness = gateway[VERIFY].health, gateway[LIVENESS]
-    now = time.time()
+    now, mono = time.time(), time.monotonic()
     backends = {}
     for backend in policy.backends:
         health, live = board.get(backend.name), liveness.get(backend.name)
@@ -68,6 +68,8 @@ async def status(request: web.Request) -> web.Response:
             "verified": backend.verify is not None,
             **health.as_json(),
             "canary_age_s": round(now - health.canary_at, 1) if health.canary_at else None,
+            "weight": backend.weight,
+            "passive": gateway[REPLICAS].passive(backend.name).as_json(mono),
         }
     history = gateway[VERIFY].store
     down = liveness.down(policy)

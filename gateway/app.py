@@ -1,7 +1,8 @@
 """The gateway application: routes, the filter chain, error mapping, metrics and access log.
 
 Invariant: every proxied request passes authn -> body -> route -> scrub -> allowlist ->
-namespace -> adapter before the proxy, against one policy snapshot; any other path answers 404.
+namespace -> replica -> adapter before the proxy (through failover), against one policy
+snapshot; any other path answers 404.
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ from gateway.filters.authn import authenticate
 from gateway.filters.body import read_body
 from gateway.filters.limit import admit
 from gateway.filters.namespace import derive
+from gateway.filters.replica import pick_replica
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
+from gateway.fleet.failover import failover
+from gateway.fleet.metrics import FLEET_METRICS, FleetMetrics
+from gateway.fleet.replicas import Replicas
 from gateway.limits import SharedLimits
 from gateway.liveness import LIVENESS, Liveness, LivenessCollector, readyz
 from gateway.metrics import HealthCollector, Metrics
@@ -39,7 +44,6 @@ from gateway.observe import failed, finish
 from gateway.policy.model import Policy
 from gateway.policy.reload import RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
-from gateway.proxy import forward
 from gateway.state import (
     ADMITTED,
     EDGE,
@@ -47,6 +51,7 @@ from gateway.state import (
     IN_FLIGHT,
     LIMITS,
     METRICS,
+    REPLICAS,
     REQUEST_ID,
     ROUTE,
     RUNTIME,
@@ -71,6 +76,7 @@ CHAIN: Final[tuple[Filter, ...]] = (
     scrub_client_inputs,
     allow_fields,
     derive,
+    pick_replica,
     inject,
 )
 WATCH = web.AppKey("kvfence_watch", Watch)
@@ -92,7 +98,7 @@ async def proxied(request: web.Request) -> web.StreamResponse:
         in_flight = metrics.child(metrics.in_flight, request[TENANT].id, route.model.name)
         in_flight.inc()
         try:
-            return await forward(request)
+            return await failover(request)
         finally:
             in_flight.dec()
     finally:
@@ -214,6 +220,8 @@ def create_app(
     app[METRICS].add_collector(LivenessCollector(app[LIVENESS], app[HOLDER]))
     app[LIMITS] = SharedLimits(state_dir / "limits.bin", generation or time.time())
     app[IN_FLIGHT] = InFlight()
+    app[REPLICAS] = Replicas()
+    app[FLEET_METRICS] = FleetMetrics(app[METRICS])
     app[WATCH] = Watch(app)
     app.cleanup_ctx.append(_session_ctx)
     app.cleanup_ctx.append(audit_sink_ctx)
