@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
+from gateway.fleet.shared import SHARED
 from gateway.liveness import LIVENESS
 from gateway.policy.reload import RELOADER
 from gateway.state import HOLDER, METRICS, REPLICAS, VERIFY
@@ -73,6 +74,9 @@ async def status(request: web.Request) -> web.Response:
         }
     history = gateway[VERIFY].store
     down = liveness.down(policy)
+    store = gateway.get(SHARED)
+    shared = None if store is None else {"up": store.up, "since": store.since,
+                                         "on_failure": store.settings.on_failure.value}  # fmt: skip
     return _json(
         {
             "policy": policy.summary(),
@@ -80,6 +84,7 @@ async def status(request: web.Request) -> web.Response:
             "down": down,
             "backends": backends,
             "history": {"complete_since": history.complete_since},
+            "shared": shared,
         }
     )
 

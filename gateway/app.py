@@ -34,8 +34,10 @@ from gateway.filters.replica import pick_replica
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
 from gateway.fleet.failover import failover
+from gateway.fleet.limiter import Limiter
 from gateway.fleet.metrics import FLEET_METRICS, FleetMetrics
 from gateway.fleet.replicas import Replicas
+from gateway.fleet.shared import open_shared
 from gateway.limits import SharedLimits
 from gateway.liveness import LIVENESS, Liveness, LivenessCollector, readyz
 from gateway.metrics import HealthCollector, Metrics
@@ -45,10 +47,12 @@ from gateway.policy.model import Policy
 from gateway.policy.reload import RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
 from gateway.state import (
+    ADMISSION,
     ADMITTED,
     EDGE,
     HOLDER,
     IN_FLIGHT,
+    LIMITER,
     LIMITS,
     METRICS,
     REPLICAS,
@@ -150,7 +154,8 @@ async def frame(
         return _error(NotFound(f"no route for {request.method} {request.path}"), rid)
     finally:
         if request.get(ADMITTED):
-            request.app[LIMITS].release(request[TENANT].id, request.get(USED_TOKENS, 0))
+            tokens = request.get(USED_TOKENS, 0)
+            request.app[LIMITER].release(request[TENANT], request.get(ADMISSION), tokens)
         finish(request, status, timing)
 
 
@@ -205,6 +210,7 @@ def create_app(
     app = web.Application(middlewares=[frame])
     app[HOLDER] = PolicyHolder(Runtime(policy))
     app[METRICS] = Metrics(shared_metrics)
+    app[FLEET_METRICS] = FleetMetrics(app[METRICS])
     app[LIVENESS] = Liveness()
     app[EDGE] = Edge(app[METRICS])
     app[AUDIT_SINK] = AuditSink(policy.gateway.audit_log, worker)
@@ -212,6 +218,7 @@ def create_app(
     if state_dir is None:
         state_dir, temporary = state_dir_for(policy)
     app[VERIFY] = Verification(policy, state_dir)
+    shared_limits = open_shared(app, policy)  # gateway.shared: health and limits in Redis
 
     def backends() -> list[str]:
         return [b.name for b in app[HOLDER].runtime.policy.backends]
@@ -220,8 +227,8 @@ def create_app(
     app[METRICS].add_collector(LivenessCollector(app[LIVENESS], app[HOLDER]))
     app[LIMITS] = SharedLimits(state_dir / "limits.bin", generation or time.time())
     app[IN_FLIGHT] = InFlight()
+    app[LIMITER] = Limiter(app[LIMITS], shared_limits)
     app[REPLICAS] = Replicas()
-    app[FLEET_METRICS] = FleetMetrics(app[METRICS])
     app[WATCH] = Watch(app)
     app.cleanup_ctx.append(_session_ctx)
     app.cleanup_ctx.append(audit_sink_ctx)
