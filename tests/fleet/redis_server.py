@@ -9,12 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 REDIS = shutil.which("redis-server")
-needs_redis = pytest.mark.skipif(
-    REDIS is None, reason="redis-server is not installed (scripts/test installs it with apt-get)"
-)
 
 
 def free_port() -> int:
