@@ -10,6 +10,7 @@ Invariant: an admission is released in the table it was taken from, exactly once
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -46,14 +47,14 @@ class Limiter:
             return None
         if self.shared is None or store is None:
             return self.local.admit(tenant.id, tenant.limits) or Admission(None)
-        try:
-            token, refusal = await self.shared.admit(tenant.id, tenant.limits)
-        except SharedUnavailable:
-            if store.closed:
-                self._refuse(store, "limits")
-            store.metrics.shared_fallbacks.labels("limits", "local").inc()
-            return self.local.admit(tenant.id, tenant.limits) or Admission(None)
-        return refusal or Admission(token)
+        if store.up is not False:  # known down: the health refresher notices its return
+            with contextlib.suppress(SharedUnavailable):  # counted and logged by the store
+                token, refusal = await self.shared.admit(tenant.id, tenant.limits)
+                return refusal or Admission(token)
+        if store.closed:
+            self._refuse(store, "limits")
+        store.metrics.shared_fallbacks.labels("limits", "local").inc()
+        return self.local.admit(tenant.id, tenant.limits) or Admission(None)
 
     def _refuse(self, store: SharedStore, what: str) -> None:
         store.metrics.shared_fallbacks.labels(what, "closed").inc()
