@@ -101,5 +101,19 @@ class SharedHealthBoard(HealthBoard):
         self.view = {**self.view, backend: after}
         return before, after
 
+    async def claim_round(self, backend: str, interval_s: float) -> bool:
+        """One replica runs each due round: the first to set the round's key (it expires after
+        most of an interval, so a replica that died mid-round does not stop the next one).
+        Redis unreachable: run it here (a round too many is safe, a round too few is not)."""
+        key = self.store.key("canary", backend)
+        ttl_ms = max(1000, int(interval_s * 900))
+        try:
+            claimed = await self.store.call(
+                "canary_claim", self.store.client.set(key, b"1", nx=True, px=ttl_ms)
+            )
+        except SharedUnavailable:
+            return True
+        return bool(claimed)
+
     def update_sync(self, backend: str, change: Change) -> tuple[Health, Health]:
         raise NotImplementedError("the shared board is changed with `await update(...)`")

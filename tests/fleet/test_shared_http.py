@@ -125,3 +125,13 @@ async def test_redis_down_gives_the_policys_behaviour(
         await asyncio.to_thread(redis_server.start)  # same port: both come back by themselves
         for gw in (one, two):
             await until(lambda gw=gw: answers(gw), 5, "recovery")  # type: ignore[misc]
+
+
+async def test_one_replica_runs_each_due_canary_round(redis_server: RedisServer) -> None:
+    async with two_gateways(redis_server) as (one, two, _, _):
+        boards = [gw.app[VERIFY].health for gw in (one, two)]
+        claims = [await board.claim_round("a", 60.0) for board in (*boards, *boards)]
+        assert claims == [True, False, False, False]
+        assert await boards[1].claim_round("b", 60.0), "each backend has its own round"
+        await asyncio.to_thread(redis_server.stop)
+        assert await boards[1].claim_round("a", 60.0), "Redis down: run it (one too many is safe)"
