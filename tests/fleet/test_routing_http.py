@@ -12,6 +12,7 @@ import pytest
 
 from gateway.app import WATCH
 from gateway.policy.load import parse_policy
+from gateway.server import bound_port, start_admin
 from gateway.state import REPLICAS
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fleet.policies import fleet_policy_text, replica
@@ -98,6 +99,17 @@ async def test_a_dead_backend_is_retried_elsewhere_then_ejected(
     metrics = await gw2.metrics()
     assert 'kvfence_gateway_retries_total{backend="a"} 2.0' in metrics
     assert 'kvfence_gateway_ejections_total{backend="a"} 1.0' in metrics
+    runner = await start_admin(gw2.app, "127.0.0.1", 0)
+    try:
+        async with gw2.session.get(f"http://127.0.0.1:{bound_port(runner)}/status") as resp:
+            backends = (await resp.json())["backends"]
+    finally:
+        await runner.cleanup()
+    assert backends["a"]["passive"]["ejections"] == 1
+    assert 55 < backends["a"]["passive"]["ejected_for_s"] <= 60
+    assert backends["b"]["passive"] == {"consecutive_errors": 0, "ejected_for_s": 0.0,
+                                        "ejections": 0}  # fmt: skip
+    assert backends["a"]["weight"] == backends["b"]["weight"] == 1.0
 
 
 async def test_a_quarantined_backend_receives_nothing(
