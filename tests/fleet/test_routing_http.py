@@ -124,3 +124,15 @@ async def test_a_quarantined_backend_receives_nothing(
     resp = await gw2.chat("initech", {"model": "smollm2", "messages": []}, **{"x-end-user": "x"})
     assert resp.status == 503
     assert (await resp.json())["error"]["code"] == "backend_quarantined"
+
+
+async def test_a_stream_cut_after_its_first_byte_is_not_retried(
+    gw2: Gateway, pair: tuple[FakeUpstream, FakeUpstream]
+) -> None:
+    a, b = pair
+    a.mode = b.mode = "die_mid"
+    body = {"model": "smollm2", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    resp = await gw2.chat("initech", body, **{"x-end-user": "streamer"})
+    assert resp.status == 200  # the stream had begun: the client sees it end, not a retry
+    await resp.read()
+    assert len(a.received) + len(b.received) == 1
