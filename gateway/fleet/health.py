@@ -66,10 +66,13 @@ class SharedHealthBoard(HealthBoard):
         self.view = view
 
     async def watch(self) -> None:
+        task = asyncio.current_task()
         while True:
             # A failure is counted and logged by the store; the last view (and pending) holds.
             with contextlib.suppress(SharedUnavailable):
                 await self.refresh()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError  # a cancel the client absorbed: stop all the same
             await asyncio.sleep(REFRESH_S)
 
     async def _apply(self, name: str, change: Change) -> tuple[Health, Health]:

@@ -9,6 +9,7 @@ request at most that long.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -66,6 +67,11 @@ class SharedStore:
         try:
             result = await awaitable
         except (RedisError, OSError, TimeoutError) as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # A cancel that met the client's own deadline comes out as a timeout: it is
+                # still a cancel (else a cancelled loop would run on, and shutdown wait for ever).
+                raise asyncio.CancelledError from exc
             self.metrics.shared_failures.labels(op).inc()
             self._mark(False, f"{op}: {type(exc).__name__}: {exc}")
             raise SharedUnavailable(op) from exc
