@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,16 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (clock-tick resolution)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime: fields 14 and 15
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its live children (a gateway's forked workers)."""
+    total = cpu_seconds(pid)
+    with contextlib.suppress(FileNotFoundError):
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            with contextlib.suppress(FileNotFoundError):
+                total += cpu_seconds(int(child))
+    return total
 
 
 def runqueue_wait_seconds(pid: int) -> float:
@@ -70,21 +80,28 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def place(core: int, nice: int) -> None:
-    """Pin the calling process to `core` and set its nice value (negative needs privilege)."""
-    os.sched_setaffinity(0, {core})
+def place(core: int | None, nice: int) -> None:
+    """Pin the calling process to `core` (None: any) and set its nice value (negative needs
+    privilege)."""
+    if core is not None:
+        os.sched_setaffinity(0, {core})
     if nice:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
 
 
 def _popen(
-    cmd: list[str], where: tuple[int, int], env: dict[str, str] | None = None, *, pipe: bool = False
+    cmd: list[str],
+    where: tuple[int | None, int],
+    env: dict[str, str] | None = None,
+    *,
+    pipe: bool = False,
+    cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE if pipe else subprocess.DEVNULL,
         env=env,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=cwd or Path(__file__).resolve().parents[2],
         preexec_fn=functools.partial(place, *where),
     )
 
@@ -135,7 +152,17 @@ def upstream(core: int, nice: int = 0) -> Iterator[Server]:
         _stop(proc)
 
 
-def _policy_text(upstream_port: int, digest: str) -> str:
+def _policy_text(upstreams: Mapping[str, int], digest: str) -> str:
+    """One `vllm`-kind backend per model (the first is `fake`, as the overhead bench names it)."""
+    backends = "".join(
+        f"""  - name: {"fake" if i == 0 else f"fake-{model}"}
+    kind: vllm
+    url: http://127.0.0.1:{port}
+    verify: {{canary: false}}  # the fake has no cache; the detective and marker scan stay on
+    models: [{{name: {model}, revision: "1"}}]
+"""
+        for i, (model, port) in enumerate(upstreams.items())
+    )
     return f"""version: 1
 gateway:
   listen: {{host: 127.0.0.1, port: 8080}}
@@ -146,16 +173,11 @@ gateway:
   admin: {{port: 0}}
   access_log: false
 backends:
-  - name: fake
-    kind: vllm
-    url: http://127.0.0.1:{upstream_port}
-    verify: {{canary: false}}  # the fake has no cache; the detective and marker scan stay on
-    models: [{{name: {MODEL}, revision: "1"}}]
-tenants:
+{backends}tenants:
   - id: bench
     api_keys: ["{digest}"]
     scope: tenant
-    models: [{MODEL}]
+    models: [{", ".join(upstreams)}]
 """
 
 
@@ -176,24 +198,32 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], deadline_s: float) -> 
 
 @contextlib.contextmanager
 def gateway(
-    upstream_port: int, core: int, nice: int = 0, source: Path | None = None
+    upstream_port: int,
+    core: int | None,
+    nice: int = 0,
+    source: Path | None = None,
+    *,
+    models: Mapping[str, int] | None = None,
+    workers: int = 1,
 ) -> Iterator[tuple[Server, str]]:
-    """`kvfence gateway --workers 1` in front of the upstream, with throwaway secrets; yields the
-    server and a tenant API key. With `source`, the gateway's code is imported from there."""
+    """`kvfence gateway --workers N` in front of the upstream, with throwaway secrets; yields the
+    server and a tenant API key. With `source`, the gateway's code is imported from there;
+    `models` maps each model to its own upstream port (default: MODEL on `upstream_port`)."""
     pepper = secrets.token_urlsafe(24)
     key = mint_key()
     env = dict(os.environ)
     env["KVFENCE_BENCH_NS_KEY"] = secrets.token_urlsafe(48)
     env["KVFENCE_BENCH_PEPPER"] = pepper
-    if source is not None:
-        env["PYTHONPATH"] = str(source)
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="kvfence-bench-") as tmp:
         policy = Path(tmp) / "policy.yaml"
-        policy.write_text(_policy_text(upstream_port, key_digest(pepper.encode(), key)))
+        upstreams = models if models is not None else {MODEL: upstream_port}
+        policy.write_text(_policy_text(upstreams, key_digest(pepper.encode(), key)))
         cmd = [sys.executable, "-m", "kvfence.cli", "gateway", "--policy", str(policy)]
-        cmd += ["--workers", "1"]
-        proc = _popen([*cmd, "--port", str(port), "--log-level", "warning"], (core, nice), env)
+        cmd += ["--workers", str(workers)]
+        # `python -m` puts the working folder first on sys.path: run from `source` to import it.
+        cmd += ["--port", str(port), "--log-level", "warning"]
+        proc = _popen(cmd, (core, nice), env, cwd=source)
         try:
             _wait_ready(port, proc, deadline_s=30)
             yield Server(proc.pid, port), key
