@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Final
 
 import aiohttp
+from yarl import URL
 
-from gateway.adapters.base import Adapter
+from gateway.adapters.base import PROXIED_PATHS, Adapter
 from gateway.adapters.kvfence import KvfenceAdapter
 from gateway.adapters.registry import ADAPTERS
 from gateway.policy.model import Backend, ModelSpec, Policy, Tenant
@@ -53,6 +54,7 @@ class Runtime:
         "routes",
         "shares",
         "upstream_timeout",
+        "upstream_urls",
     )
 
     def __init__(self, policy: Policy) -> None:
@@ -84,6 +86,11 @@ class Runtime:
                 min(t.cache.ceiling, even if t.cache.floor is None else t.cache.floor),
             )
             for t in policy.tenants
+        }
+        # Backend name and path -> the parsed upstream URL (aiohttp would parse a string per
+        # request); the app routes only PROXIED_PATHS here.
+        self.upstream_urls = {
+            (b.name, path): URL(b.url + path) for b in policy.backends for path in PROXIED_PATHS
         }
         # aiohttp's share of the upstream deadlines; the first byte has its own (see proxy).
         self.upstream_timeout = aiohttp.ClientTimeout(
