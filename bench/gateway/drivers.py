@@ -18,6 +18,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.gateway import procs
+
 INSTALL = ["apt-get", "install", "-y", "hey", "wrk", "nginx"]
 TOOLS = ("hey", "wrk", "nginx")
 
@@ -60,12 +62,6 @@ def ensure_tools() -> list[str]:
     return missing
 
 
-def placed(core: int | None, nice: int) -> list[str]:
-    """The command prefix that pins to `core` (None: any) at niceness `nice`."""
-    pin = ["taskset", "-c", str(core)] if core is not None else []
-    return [*(["nice", "-n", str(nice)] if nice else []), *pin]
-
-
 def _percentile(sorted_ms: list[float], q: float) -> float:
     if not sorted_ms:
         return float("nan")
@@ -78,7 +74,6 @@ def hey(url: str, target: Target, conns: int, seconds: float, rate: int | None =
         payload.write(target.body)
         payload.flush()
         cmd = [
-            *placed(target.core, target.nice),
             "hey",
             "-z",
             f"{seconds:g}s",
@@ -91,8 +86,13 @@ def hey(url: str, target: Target, conns: int, seconds: float, rate: int | None =
             cmd += ["-q", f"{rate / conns:g}"]
         cmd += ["-D", payload.name, "-o", "csv", "-disable-compression"]
         cmd += [*_header_args(target.headers), url]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        out = _run(cmd, target)
     return _from_csv(out, seconds)
+
+
+def _run(cmd: list[str], target: Target) -> str:
+    place = procs.placement(target.core, target.nice)
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, preexec_fn=place).stdout
 
 
 def _header_args(headers: dict[str, str]) -> list[str]:
@@ -137,7 +137,6 @@ def wrk(url: str, target: Target, conns: int, seconds: float) -> Load:
         script = Path(tmp) / "post.lua"
         script.write_text(_WRK_LUA.format(body=payload, headers=lines))
         cmd = [
-            *placed(target.core, target.nice),
             "wrk",
             "-t1",
             f"-c{conns}",
@@ -146,7 +145,7 @@ def wrk(url: str, target: Target, conns: int, seconds: float) -> Load:
             str(script),
             url,
         ]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        out = _run(cmd, target)
     found = re.search(r"^KV (\d+) (\d+) (\d+) ([\d.]+) ([\d.]+)$", out, re.MULTILINE)
     if found is None:
         raise RuntimeError(f"wrk printed no summary:\n{out}")

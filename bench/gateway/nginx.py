@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.gateway.drivers import placed
+from bench.gateway.procs import placement
 from bench.gateway.upstream import COMPLETION, STREAM_USAGE
 
 _HEAD_END = b"\r\n\r\n"
@@ -147,8 +147,10 @@ def serve(binary: str, core: int | None, nice: int = 0) -> Iterator[Nginx]:
         conf = prefix / "nginx.conf"
         conf.write_text(config(prefix, (ports[0], ports[1], ports[2], ports[3]), root))
         cmd = [binary, "-p", str(prefix), "-c", str(conf), "-e", str(prefix / "error.log")]
-        cmd = [*placed(core, nice), *cmd]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        place = placement(core, nice)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=place
+        )
         try:
             _wait_listening(ports, proc, deadline_s=10)
             yield Nginx(proc.pid, *ports)

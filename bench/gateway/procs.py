@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,13 +80,24 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def place(core: int | None, nice: int) -> None:
+def place(core: int | None, nice: int, own_session: bool = False) -> None:
     """Pin the calling process to `core` (None: any) and set its nice value (negative needs
-    privilege)."""
+    privilege). With `own_session` (a child about to exec), also a session of its own whose
+    autogroup gets that nice: Linux weighs autogroups (one per session) against each other
+    first, so without it nice only ranks the harness's own processes among themselves."""
     if core is not None:
         os.sched_setaffinity(0, {core})
     if nice:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
+    if nice and own_session:
+        os.setsid()
+        with contextlib.suppress(OSError):  # a kernel without autogroups: nice alone it is
+            Path("/proc/self/autogroup").write_text(str(nice))
+
+
+def placement(core: int | None, nice: int) -> Callable[[], None]:
+    """A `preexec_fn` that places a child (see `place`)."""
+    return functools.partial(place, core, nice, True)
 
 
 def _popen(
@@ -102,7 +113,7 @@ def _popen(
         stdout=subprocess.PIPE if pipe else subprocess.DEVNULL,
         env=env,
         cwd=cwd or Path(__file__).resolve().parents[2],
-        preexec_fn=functools.partial(place, *where),
+        preexec_fn=placement(*where),
     )
 
 

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -55,6 +56,8 @@ class Run:
     round: int
     load: Load
     cpu_us_per_request: float | None
+    # Time the gateway was runnable but waiting for its core (other processes had it).
+    wait_us_per_request: float | None
 
 
 def _body(scenario: str) -> bytes:
@@ -64,13 +67,17 @@ def _body(scenario: str) -> bytes:
 
 def _measure(
     hop: Hop, drive: Drive, body: bytes, core: int | None, nice: int
-) -> tuple[Load, float | None]:
+) -> tuple[Load, float | None, float | None]:
     headers = {"Authorization": f"Bearer {hop.key}", "Content-Type": "application/json"}
-    before = procs.tree_cpu_seconds(hop.pid) if hop.pid else 0.0
+    if hop.pid is None:
+        return drive(hop.url, Target(body, headers, core, nice)), None, None
+    cpu, wait = procs.tree_cpu_seconds(hop.pid), procs.runqueue_wait_seconds(hop.pid)
     load = drive(hop.url, Target(body, headers, core, nice))
-    if hop.pid is None or not load.completed:
-        return load, None
-    return load, (procs.tree_cpu_seconds(hop.pid) - before) / load.completed * 1e6
+    if not load.completed:
+        return load, None, None
+    cpu = procs.tree_cpu_seconds(hop.pid) - cpu
+    wait = procs.runqueue_wait_seconds(hop.pid) - wait
+    return load, cpu / load.completed * 1e6, wait / load.completed * 1e6
 
 
 Drive = Callable[[str, Target], Load]
@@ -116,18 +123,22 @@ def _run_all(args: argparse.Namespace, ng: nginx.Nginx, gateways: Gateways) -> l
                 if mode not in args.mode:
                     continue
                 for hop in hops:
-                    load, cpu = _measure(hop, drive, body, core, args.nice)
-                    runs.append(Run(scenario, mode, hop.name, round_, load, cpu))
+                    load, cpu, wait = _measure(hop, drive, body, core, args.nice)
+                    runs.append(Run(scenario, mode, hop.name, round_, load, cpu, wait))
                     print(_line(runs[-1]), flush=True)
     return runs
 
 
 def _line(run: Run) -> str:
-    cpu = f"{run.cpu_us_per_request:9.0f}" if run.cpu_us_per_request is not None else f"{'-':>9}"
+    cpu, wait = (
+        (f"{run.cpu_us_per_request:9.0f}", f"{run.wait_us_per_request:8.0f}")
+        if run.cpu_us_per_request is not None and run.wait_us_per_request is not None
+        else (f"{'-':>9}", f"{'-':>8}")
+    )
     load = run.load
     return (
         f"{run.scenario:<10}{run.mode:<5}{run.target:<14}{run.round:>3}{load.completed:>8}"
-        f"{load.errors:>6}{load.rps:>9.0f}{load.p50_ms:>8.3f}{load.p99_ms:>8.3f}{cpu}"
+        f"{load.errors:>6}{load.rps:>9.0f}{load.p50_ms:>8.3f}{load.p99_ms:>8.3f}{cpu}{wait}"
     )
 
 
@@ -251,6 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nice", type=int, default=0, help="niceness of every process (root)")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args(argv)
+    # The servers run in sessions of their own (see procs.place): a terminal's signals miss
+    # them, so a stopped harness must unwind its contexts to stop them.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     missing = drivers.ensure_tools()
     if missing:
         print(f"missing {' '.join(missing)}; install with: {' '.join(drivers.INSTALL)}")
@@ -276,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         print(
             f"{'scenario':<10}{'mode':<5}{'target':<14}{'rnd':>3}{'ok':>8}{'err':>6}"
-            f"{'rps':>9}{'p50ms':>8}{'p99ms':>8}{'cpu us':>9}"
+            f"{'rps':>9}{'p50ms':>8}{'p99ms':>8}{'cpu us':>9}{'wait us':>8}"
         )
         runs = _run_all(args, ng, gateways)
     rows = summarize(runs, args.workers)
