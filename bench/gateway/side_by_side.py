@@ -160,6 +160,8 @@ def summarize(runs: list[Run], workers: int) -> list[dict[str, Any]]:
                 "p50_ms": statistics.median(r.load.p50_ms for r in mine),
                 "p99_ms": statistics.median(r.load.p99_ms for r in mine),
                 "cpu_us_per_request": statistics.median(cpu) if cpu else None,
+                # What one fully used core would serve at that CPU cost (contention aside).
+                "cpu_bound_rps": 1e6 / statistics.median(cpu) if cpu else None,
                 "rps_per_worker": (
                     statistics.median(r.load.rps for r in mine) / workers
                     if target.startswith("gateway")
@@ -217,7 +219,7 @@ def goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _print_summary(rows: list[dict[str, Any]], judged: dict[str, Any]) -> None:
     print(
         f"\n{'scenario':<10}{'mode':<5}{'target':<14}{'rps':>8}{'p50ms':>8}{'p99ms':>8}"
-        f"{'+p50':>8}{'+p99':>8}{'cpu us':>8}{'rps/wk':>8}{'err':>5}"
+        f"{'+p50':>8}{'+p99':>8}{'cpu us':>8}{'rps/wk':>8}{'rps/cpu':>8}{'err':>5}"
     )
     for r in rows:
 
@@ -228,7 +230,7 @@ def _print_summary(rows: list[dict[str, Any]], judged: dict[str, Any]) -> None:
             f"{r['scenario']:<10}{r['mode']:<5}{r['target']:<14}{r['rps']:>8.0f}"
             f"{r['p50_ms']:>8.3f}{r['p99_ms']:>8.3f}{fmt(r.get('added_p50_ms'), '>8.3f')}"
             f"{fmt(r.get('added_p99_ms'), '>8.3f')}{fmt(r['cpu_us_per_request'], '>8.0f')}"
-            f"{fmt(r['rps_per_worker'], '>8.0f')}{r['errors']:>5}"
+            f"{fmt(r['rps_per_worker'], '>8.0f')}{fmt(r['cpu_bound_rps'], '>8.0f')}{r['errors']:>5}"
         )
     print("\ngoals (small, non-streamed, this tree's gateway):")
     for name, g in judged.items():
