@@ -39,14 +39,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime: fields 14 and 15
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU time of a process and its live children (a gateway's forked workers)."""
-    total = cpu_seconds(pid)
+def cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process so far (clock-tick resolution)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
+
+
+def tree_cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process and its live children (a gateway's workers)."""
+    user, system = cpu_split(pid)
     with contextlib.suppress(FileNotFoundError):
         for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
             with contextlib.suppress(FileNotFoundError):
-                total += cpu_seconds(int(child))
-    return total
+                more = cpu_split(int(child))
+                user, system = user + more[0], system + more[1]
+    return user, system
 
 
 def runqueue_wait_seconds(pid: int) -> float:

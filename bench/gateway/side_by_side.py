@@ -55,9 +55,16 @@ class Run:
     target: str
     round: int
     load: Load
-    cpu_us_per_request: float | None
-    # Time the gateway was runnable but waiting for its core (other processes had it).
-    wait_us_per_request: float | None
+    cost: Cost | None  # the gateway's rows only
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """The gateway's time per answered request, in microseconds."""
+
+    cpu_us: float  # user + system
+    system_us: float  # of which in the kernel (syscalls, the network stack)
+    wait_us: float  # runnable but waiting for its core (other processes had it)
 
 
 def _body(scenario: str) -> bytes:
@@ -67,17 +74,19 @@ def _body(scenario: str) -> bytes:
 
 def _measure(
     hop: Hop, drive: Drive, body: bytes, core: int | None, nice: int
-) -> tuple[Load, float | None, float | None]:
+) -> tuple[Load, Cost | None]:
     headers = {"Authorization": f"Bearer {hop.key}", "Content-Type": "application/json"}
     if hop.pid is None:
-        return drive(hop.url, Target(body, headers, core, nice)), None, None
-    cpu, wait = procs.tree_cpu_seconds(hop.pid), procs.runqueue_wait_seconds(hop.pid)
+        return drive(hop.url, Target(body, headers, core, nice)), None
+    (user, system), wait = procs.tree_cpu_split(hop.pid), procs.runqueue_wait_seconds(hop.pid)
     load = drive(hop.url, Target(body, headers, core, nice))
     if not load.completed:
-        return load, None, None
-    cpu = procs.tree_cpu_seconds(hop.pid) - cpu
+        return load, None
+    user_after, system_after = procs.tree_cpu_split(hop.pid)
     wait = procs.runqueue_wait_seconds(hop.pid) - wait
-    return load, cpu / load.completed * 1e6, wait / load.completed * 1e6
+    per = 1e6 / load.completed
+    cpu = (user_after - user + system_after - system) * per
+    return load, Cost(cpu, (system_after - system) * per, wait * per)
 
 
 Drive = Callable[[str, Target], Load]
@@ -123,22 +132,23 @@ def _run_all(args: argparse.Namespace, ng: nginx.Nginx, gateways: Gateways) -> l
                 if mode not in args.mode:
                     continue
                 for hop in hops:
-                    load, cpu, wait = _measure(hop, drive, body, core, args.nice)
-                    runs.append(Run(scenario, mode, hop.name, round_, load, cpu, wait))
+                    load, cost = _measure(hop, drive, body, core, args.nice)
+                    runs.append(Run(scenario, mode, hop.name, round_, load, cost))
                     print(_line(runs[-1]), flush=True)
     return runs
 
 
 def _line(run: Run) -> str:
-    cpu, wait = (
-        (f"{run.cpu_us_per_request:9.0f}", f"{run.wait_us_per_request:8.0f}")
-        if run.cpu_us_per_request is not None and run.wait_us_per_request is not None
-        else (f"{'-':>9}", f"{'-':>8}")
+    c = run.cost
+    cpu, sys_, wait = (
+        (f"{c.cpu_us:9.0f}", f"{c.system_us:8.0f}", f"{c.wait_us:8.0f}")
+        if c is not None
+        else (f"{'-':>9}", f"{'-':>8}", f"{'-':>8}")
     )
     load = run.load
     return (
         f"{run.scenario:<10}{run.mode:<5}{run.target:<14}{run.round:>3}{load.completed:>8}"
-        f"{load.errors:>6}{load.rps:>9.0f}{load.p50_ms:>8.3f}{load.p99_ms:>8.3f}{cpu}{wait}"
+        f"{load.errors:>6}{load.rps:>9.0f}{load.p50_ms:>8.3f}{load.p99_ms:>8.3f}{cpu}{sys_}{wait}"
     )
 
 
@@ -148,7 +158,8 @@ def summarize(runs: list[Run], workers: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for scenario, mode, target in keys:
         mine = [r for r in runs if (r.scenario, r.mode, r.target) == (scenario, mode, target)]
-        cpu = [r.cpu_us_per_request for r in mine if r.cpu_us_per_request is not None]
+        costs = [r.cost for r in mine if r.cost is not None]
+        cpu = [c.cpu_us for c in costs]
         rows.append(
             {
                 "scenario": scenario,
@@ -160,6 +171,12 @@ def summarize(runs: list[Run], workers: int) -> list[dict[str, Any]]:
                 "p50_ms": statistics.median(r.load.p50_ms for r in mine),
                 "p99_ms": statistics.median(r.load.p99_ms for r in mine),
                 "cpu_us_per_request": statistics.median(cpu) if cpu else None,
+                "system_us_per_request": (
+                    statistics.median(c.system_us for c in costs) if costs else None
+                ),
+                "wait_us_per_request": statistics.median(c.wait_us for c in costs)
+                if costs
+                else None,
                 # What one fully used core would serve at that CPU cost (contention aside).
                 "cpu_bound_rps": 1e6 / statistics.median(cpu) if cpu else None,
                 "rps_per_worker": (
@@ -292,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         print(
             f"{'scenario':<10}{'mode':<5}{'target':<14}{'rnd':>3}{'ok':>8}{'err':>6}"
-            f"{'rps':>9}{'p50ms':>8}{'p99ms':>8}{'cpu us':>9}{'wait us':>8}"
+            f"{'rps':>9}{'p50ms':>8}{'p99ms':>8}{'cpu us':>9}{'sys us':>8}{'wait us':>8}"
         )
         runs = _run_all(args, ng, gateways)
     rows = summarize(runs, args.workers)
