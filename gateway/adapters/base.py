@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Final
 
 from gateway.policy.model import Backend
-from kvfence.handle import Share
+from kvfence.share import Share
 
 CHAT: Final = "/v1/chat/completions"
 COMPLETIONS: Final = "/v1/completions"

@@ -14,7 +14,8 @@ from typing import Any
 from gateway.adapters.base import CHAT, COMPLETIONS, Adapter
 from gateway.errors import NotSupported
 from gateway.policy.model import Backend
-from kvfence.handle import HANDLE_HEADER, HandleSigner, Share
+from kvfence.handle import HANDLE_HEADER, HandleSigner
+from kvfence.share import Share
 
 UPSTREAM_ID_HEADER = "x-request-id"
 

@@ -18,8 +18,9 @@ from gateway.adapters.registry import ADAPTERS
 from gateway.policy.model import Backend, ModelSpec, Policy, Tenant
 from kvfence.apikey import is_well_formed, key_digest
 from kvfence.attestation import AttestationVerifier
-from kvfence.handle import HandleSigner, Share
+from kvfence.handle import HandleSigner
 from kvfence.namespace import NamespaceKey, capacity_group, derive_namespace
+from kvfence.share import Share
 
 NAMESPACE_CACHE_SIZE: Final = 65536
 
