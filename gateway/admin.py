@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 
 from gateway.policy.reload import RELOADER
+from gateway.public import backend_status as public_status
 from gateway.state import HOLDER, METRICS, VERIFY
 from gateway.verify.watch import Watch
 
@@ -62,6 +63,7 @@ async def status(request: web.Request) -> web.Response:
             "url": backend.url,
             "models": [m.name for m in backend.models],
             "verified": backend.verify is not None,
+            "public_prefixes": public_status(policy, backend),
             **health.as_json(),
             "canary_age_s": round(now - health.canary_at, 1) if health.canary_at else None,
         }

@@ -3,7 +3,8 @@ an error becomes OpenAI-style JSON, and `gateway.app`'s middleware the one place
 
 GatewayError
 ├── BadRequest (400)          ├── ClientInputRejected (400)   ├── MissingScopeValue (400)
-│   ├── MalformedRequest (400, edge)  ├── MalformedBody (400)  └── UnknownField (400)
+│   ├── MalformedRequest (400, edge)  ├── MalformedBody (400)  ├── UnknownField (400)
+│   └── PublicMarkRefused (400)
 ├── Unauthenticated (401)     ├── Forbidden (403)             ├── NotFound (404)
 ├── MethodNotAllowed (405, edge)      ├── RequestTimeout (408) ├── BodyTooLarge (413)
 ├── RateLimited (429)         ├── NotSupported (501)          ├── VersionNotSupported (505, edge)
@@ -69,6 +70,13 @@ class UnknownField(BadRequest):
     """A body field the policy does not allow, under `gateway.unknown_fields: reject`."""
 
     code = "unknown_field"
+
+
+class PublicMarkRefused(BadRequest):
+    """`x-kvfence-public-messages` from a tenant the policy does not let mark its own messages
+    public, or that does not name leading plain-text chat messages."""
+
+    code = "public_mark_refused"
 
 
 class Unauthenticated(GatewayError):

@@ -15,6 +15,7 @@ from gateway.adapters.base import CHAT, COMPLETIONS, Adapter
 from gateway.errors import NotSupported
 from gateway.policy.model import Backend
 from kvfence.handle import HANDLE_HEADER, HandleSigner
+from kvfence.public import PublicPart
 from kvfence.share import Share
 
 UPSTREAM_ID_HEADER = "x-request-id"
@@ -23,6 +24,7 @@ UPSTREAM_ID_HEADER = "x-request-id"
 class KvfenceAdapter(Adapter):
     kind = "kvfence"
     paths = frozenset({CHAT, COMPLETIONS})
+    splits_public = True
 
     def __init__(
         self, backend: Backend, signer: HandleSigner | None = None, ttl_s: float = 60.0
@@ -44,6 +46,8 @@ class KvfenceAdapter(Adapter):
         headers: dict[str, str],
         ns: str,
         share: Share | None = None,
+        public: tuple[PublicPart, ...] = (),
+        ephemeral: bool = False,
     ) -> None:
         options = self.backend.kvfence
         assert self.signer is not None and options is not None  # inject refused otherwise
@@ -57,4 +61,6 @@ class KvfenceAdapter(Adapter):
             self.ttl_s,
             body=data,
             share=share,
+            public=public,
+            ephemeral=ephemeral,
         )
