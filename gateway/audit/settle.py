@@ -21,6 +21,7 @@ from gateway.errors import AttestationRefused, AuditWriteFailed, error_body
 from gateway.state import (
     METRICS,
     NAMESPACE,
+    PUBLIC,
     REQUEST_ID,
     ROUTE,
     RUNTIME,
@@ -49,6 +50,7 @@ def audit_context(request: web.Request) -> AuditContext:
         verifier=request[RUNTIME].attestations.get(route.backend.name),
         health=request.app[VERIFY].health.get(route.backend.name),
         now=time.time(),
+        public=frozenset(part.namespace for part in request.get(PUBLIC, ())),
     )
 
 
