@@ -13,8 +13,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from backend.engine.plan import PREFILL_POLICIES
 from backend.model.errors import ModelLoadError
 from kvfence.keyfile import KeyFileError
+from kvfence.listen import ListenError, check_listen
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -44,11 +46,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto: bfloat16 where the hardware runs it natively, else float32",
+    )
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--kv-blocks", type=int, default=4096)
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-step-tokens", type=int, default=512)
+    parser.add_argument(
+        "--max-step-tokens", type=int, default=512, help="tokens one step computes at most"
+    )
+    parser.add_argument(
+        "--prefill-policy",
+        default="fill",
+        choices=list(PREFILL_POLICIES),
+        help="fill: split the next prompt to fill a step; whole: split only a prompt that "
+        "cannot complete in a step of its own",
+    )
     parser.add_argument(
         "--max-share",
         type=float,
@@ -63,9 +79,10 @@ def main(args: argparse.Namespace) -> int:
     from kvfence.logs import configure_logging
 
     configure_logging(args.log_level)
-    try:
+    try:  # before the model loads: a busy port is one line, not a traceback after "ready"
+        check_listen(args.host, args.port, "the backend", "choose another with --port")
         app = build(args)
-    except (ModelLoadError, KeyFileError, ValueError) as exc:
+    except (ModelLoadError, KeyFileError, ListenError, ValueError) as exc:
         print(f"kvfence backend: {exc}", file=sys.stderr)
         return 2
     from aiohttp import web
@@ -103,17 +120,18 @@ def build(args: argparse.Namespace) -> web.Application:
         max_num_seqs=args.max_num_seqs,
         max_step_tokens=args.max_step_tokens,
         max_share=args.max_share,
+        prefill_policy=args.prefill_policy,
     )
 
-    def build_engine() -> tuple[Engine, tuple[LoadedModel, ModelRunner]]:
+    def build_engine() -> tuple[Engine, tuple[LoadedModel, ModelRunner, int]]:
         # Runs on the engine thread, so the weights and every step share one OpenMP pool.
         if args.threads:
             torch.set_num_threads(args.threads)
         loaded = load_model(args.model, device=args.device, dtype=args.dtype)
         runner = ModelRunner(loaded, num_blocks=args.kv_blocks, block_size=args.block_size)
-        return Engine(runner, config), (loaded, runner)
+        return Engine(runner, config), (loaded, runner, torch.get_num_threads())
 
-    worker, (loaded, runner) = EngineWorker.boot(build_engine)
+    worker, (loaded, runner, threads) = EngineWorker.boot(build_engine)
     name = args.served_name or loaded.name
     model = ServedModel(name, args.revision, loaded.config.max_positions)
     signer = AttestationSigner(signing_key, args.key_id or args.signing_key.stem, args.id)
@@ -123,7 +141,11 @@ def build(args: argparse.Namespace) -> web.Application:
         extra={
             "model": name,
             "device": str(loaded.device),
-            "dtype": str(loaded.dtype),
+            "dtype": str(loaded.dtype).removeprefix("torch."),
+            "dtype_reason": loaded.dtype_reason,
+            "threads": threads,
+            "max_step_tokens": args.max_step_tokens,
+            "prefill_policy": args.prefill_policy,
             "kv_blocks": args.kv_blocks,
             "kv_bytes": runner.kv_cache_bytes(),
             "audience": args.id,

@@ -52,6 +52,12 @@ class BackendMetrics:
             ["namespace"],
             registry=r,
         )
+        self.group_blocks = Gauge(
+            "kvfence_backend_group_blocks",
+            "KV blocks per capacity group (an opaque tenant label): held, and the floor kept",
+            ["group", "kind"],
+            registry=r,
+        )
         self.flushes = Counter(
             "kvfence_backend_flushed_blocks", "Blocks dropped by admin flushes", registry=r
         )
@@ -66,3 +72,7 @@ class BackendMetrics:
         self.namespace_blocks.clear()
         for label, count in stats.namespace_blocks.items():
             self.namespace_blocks.labels(label).set(count)
+        self.group_blocks.clear()
+        for group, (held, floor) in stats.group_blocks.items():
+            self.group_blocks.labels(group, "held").set(held)
+            self.group_blocks.labels(group, "floor").set(floor)

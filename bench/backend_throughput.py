@@ -1,33 +1,31 @@
 """Streaming throughput of any OpenAI-compatible server: tokens/s and time to the first token.
 
-Each scenario runs N concurrent chat streams of `max_tokens` tokens on ~300-token prompts, either
+Each scenario runs N concurrent chat streams of `max_tokens` tokens on ~340-token prompts, either
 fresh (a prefix miss) or sent once beforehand under the same headers and salt (a prefix hit).
-Run: .venv/bin/python -m bench.backend_throughput --vllm | --url URL --model M [--header K:V]
+Run: .venv/bin/python -m bench.backend_throughput --backend | --vllm [--vllm-dtype float32]
+     | --url URL --model M [--header K:V]; --emulate-avx2 caps the started server to AVX2.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import platform
 import random
 import secrets
 import statistics
-import sys
-import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from bench.machine import describe
+from bench.targets import AVX2_CAPS, REPO_ROOT, Target, backend_target, url_target, vllm_target
+
 DEFAULT_OUTPUT = REPO_ROOT / "bench" / "results" / "backend_throughput.json"
 WORD_TEXT = (
     "river stone lantern orbit meadow copper violet harbor signal tundra maple quartz falcon "
@@ -36,26 +34,13 @@ WORD_TEXT = (
 )
 WORDS = tuple(WORD_TEXT.split())
 INSTRUCTION = "\nWrite a long, detailed story that uses every one of the words above."
-HeaderFactory = Callable[[bytes], Mapping[str, str]]
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """One server to measure. `headers` is called once per request with the exact body bytes
-    (a handle is single-use and bound to its body)."""
-
-    name: str
-    base_url: str
-    model: str
-    headers: HeaderFactory = field(default=lambda _body: {})
-    cache_salt: str | None = None
-    ignore_eos: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class StreamSample:
     ttft_s: float
     decode_s: float  # first content chunk to end of stream
+    max_gap_s: float  # the longest wait between two content chunks (a decode stall)
     tokens: int
     prompt_tokens: int | None
     cached_tokens: int | None
@@ -69,7 +54,10 @@ class ScenarioResult:
     rounds: int
     tokens_per_s: float  # all generated tokens / wall time, prefill included
     ttft_p50_s: float
+    ttft_p90_s: float
     stream_decode_tokens_per_s_p50: float  # one stream's rate after its first token
+    max_gap_p50_s: float  # median over streams of a stream's longest inter-token wait
+    max_gap_s: float  # the longest inter-token wait of any stream
     tokens_per_stream: float
     prompt_tokens: float | None
     cached_tokens: float | None
@@ -110,6 +98,8 @@ async def stream_once(
     """Send one streaming chat request; count content chunks unless the server reports usage."""
     started = time.perf_counter()
     first: float | None = None
+    last = 0.0
+    gap = 0.0
     chunks = 0
     usage: Mapping[str, Any] = {}
     body = chat_body(target, prompt, max_tokens)
@@ -127,13 +117,18 @@ async def stream_once(
             if event.get("usage"):
                 usage = event["usage"]
             if any((c.get("delta") or {}).get("content") for c in event.get("choices") or ()):
+                now = time.perf_counter()
                 chunks += 1
-                first = first if first is not None else time.perf_counter()
+                first = first if first is not None else now
+                gap = max(gap, now - (last or now))
+                last = now
     if first is None:
         raise RuntimeError(f"{target.name}: the stream carried no content")
     completion, prompt_tokens, cached = _usage_figures(usage)
     ended = time.perf_counter()
-    return StreamSample(first - started, ended - first, completion or chunks, prompt_tokens, cached)
+    return StreamSample(
+        first - started, ended - first, gap, completion or chunks, prompt_tokens, cached
+    )
 
 
 async def run_round(
@@ -172,9 +167,14 @@ async def run_scenario(
         rounds=args.rounds,
         tokens_per_s=sum(s.tokens for s in samples) / wall,
         ttft_p50_s=statistics.median(s.ttft_s for s in samples),
+        ttft_p90_s=statistics.quantiles([s.ttft_s for s in samples], n=10)[-1]
+        if len(samples) > 1
+        else samples[0].ttft_s,
         stream_decode_tokens_per_s_p50=statistics.median(
             (s.tokens - 1) / s.decode_s for s in samples if s.decode_s > 0
         ),
+        max_gap_p50_s=statistics.median(s.max_gap_s for s in samples),
+        max_gap_s=max(s.max_gap_s for s in samples),
         tokens_per_stream=statistics.fmean(s.tokens for s in samples),
         prompt_tokens=_mean([s.prompt_tokens for s in samples]),
         cached_tokens=_mean([s.cached_tokens for s in samples]),
@@ -189,80 +189,11 @@ async def measure(target: Target, args: argparse.Namespace) -> list[ScenarioResu
         await stream_once(http, target, make_prompt(args.prompt_words), args.max_tokens)
         results = []
         for streams in args.streams:
-            for hit in (False, True):
+            for hit in [p == "hit" for p in args.prefix]:
                 result = await run_scenario(http, target, streams, hit, args)
                 print_row(result)
                 results.append(result)
         return results
-
-
-def _import_repo_root() -> None:
-    """The launchers live beside the interop tests; make them importable when run as a file."""
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-
-
-@contextlib.contextmanager
-def vllm_target(args: argparse.Namespace) -> Iterator[Target]:
-    """Start vLLM from .venv-vllm (flags as the interop tests use) and yield it as a target."""
-    _import_repo_root()
-    from tests.interop.vllm_server import SERVED_MODEL, VllmConfig, running_vllm
-
-    with running_vllm(VllmConfig(kv_cache_gib=2)) as url:
-        yield Target("vllm-cpu", url, SERVED_MODEL, cache_salt="bench-" + secrets.token_hex(8))
-
-
-@contextlib.contextmanager
-def backend_target(args: argparse.Namespace) -> Iterator[Target]:
-    """Start `kvfence backend` with throwaway keys; every request carries a fresh signed handle."""
-    _import_repo_root()
-    from kvfence.handle import HANDLE_HEADER, HandleSigner
-    from kvfence.keyfile import generate_key, trust_entry, write_private_key, write_trust_file
-    from tests.interop.vllm_server import free_port, running_server
-
-    gateway_key, audience = generate_key(), "bench-backend"
-    signer = HandleSigner(gateway_key, "bench-gw")
-    namespace = "bench." + secrets.token_hex(8)
-    with tempfile.TemporaryDirectory(prefix="kvfence-bench-") as tmp:
-        trust, signing = Path(tmp) / "trust.json", Path(tmp) / "backend.key"
-        write_trust_file(trust, [trust_entry("bench-gw", gateway_key.public_key())])
-        write_private_key(signing, generate_key())
-        port = free_port()
-        command = [
-            str(Path(sys.executable).with_name("kvfence")), "backend",
-            "--model", args.backend_model, "--served-name", args.model,
-            "--trust", str(trust), "--signing-key", str(signing), "--id", audience,
-            "--port", str(port), "--threads", str(args.backend_threads),
-            *args.backend_arg,
-        ]  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-
-        def handle(body: bytes) -> Mapping[str, str]:
-            token = signer.sign(namespace, args.model, "1", uuid.uuid4().hex, audience, body=body)
-            return {HANDLE_HEADER: token}
-
-        with running_server(command, f"{url}/healthz", dict(os.environ), 300.0):
-            yield Target("kvfence-backend", url, args.model, headers=handle)
-
-
-@contextlib.contextmanager
-def url_target(args: argparse.Namespace) -> Iterator[Target]:
-    headers = dict(_parse_header(h) for h in args.header)
-    yield Target(
-        args.name or args.url,
-        args.url.rstrip("/"),
-        args.model,
-        headers=lambda _body: headers,
-        cache_salt=args.cache_salt,
-        ignore_eos=not args.no_ignore_eos,
-    )
-
-
-def _parse_header(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition(":")
-    if not sep or not name.strip():
-        raise SystemExit(f"--header wants NAME:VALUE, got {text!r}")
-    return name.strip(), value.strip()
 
 
 def print_row(r: ScenarioResult) -> None:
@@ -270,7 +201,8 @@ def print_row(r: ScenarioResult) -> None:
     prompt = "-" if r.prompt_tokens is None else f"{r.prompt_tokens:.0f}"
     print(
         f"{r.target:<16} {r.streams:>7} {r.prefix:>6} {r.tokens_per_s:>9.1f} "
-        f"{r.ttft_p50_s * 1000:>10.0f} {r.stream_decode_tokens_per_s_p50:>9.1f} "
+        f"{r.ttft_p50_s * 1000:>10.0f} {r.ttft_p90_s * 1000:>10.0f} "
+        f"{r.stream_decode_tokens_per_s_p50:>9.1f} {r.max_gap_s * 1000:>8.0f} "
         f"{r.tokens_per_stream:>7.1f} {prompt:>7} {cached:>7}",
         flush=True,
     )
@@ -280,25 +212,32 @@ def _rounded(row: dict[str, Any]) -> dict[str, Any]:
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
 
 
-def write_results(path: Path, results: list[ScenarioResult], args: argparse.Namespace) -> None:
-    """Merge into the results file: a run replaces the rows of the targets it measured."""
-    measured = {r.target for r in results}
-    old: list[dict[str, Any]] = []
+def write_results(
+    path: Path,
+    results: list[ScenarioResult],
+    target: Target,
+    machine: Mapping[str, Any],
+    args: argparse.Namespace,
+) -> None:
+    """Merge into the results file: a run replaces its target's rows and run record, so targets
+    measured in separate runs stay side by side, each with the host and server it ran on."""
+    doc: dict[str, Any] = {"runs": {}, "results": []}
     if path.is_file():
-        old = [
-            row for row in json.loads(path.read_text())["results"] if row["target"] not in measured
-        ]
-    doc = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
-        },
+        doc = json.loads(path.read_text())
+        doc.pop("machine", None)  # files written before runs were recorded per target
+        doc.setdefault("runs", {})
+    doc["runs"][target.name] = {
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine,
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        "server": dict(target.server),
+        "server_isa_caps": AVX2_CAPS if args.emulate_avx2 else {},
         "max_tokens": args.max_tokens,
         "prompt_words": args.prompt_words,
-        "results": old + [_rounded(asdict(r)) for r in results],
+        "rounds": args.rounds,
     }
+    doc["results"] = [r for r in doc["results"] if r["target"] != target.name]
+    doc["results"] += [_rounded(asdict(r)) for r in results]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
@@ -311,7 +250,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     which.add_argument("--url", help="measure a running OpenAI-compatible server")
     p.add_argument("--model", default="smollm2", help="model name sent with --url")
     p.add_argument("--header", action="append", default=[], help="NAME:VALUE, repeatable")
-    p.add_argument("--name", help="target name in the results (default: the URL)")
+    p.add_argument("--name", help="target name in the results (default: by kind, or the URL)")
+    p.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--emulate-avx2",
+        action="store_true",
+        help="run the started server as on an AVX2-only CPU (ISA caps, see bench/targets.py)",
+    )
+    p.add_argument("--prefix", nargs="+", default=["miss", "hit"], choices=["miss", "hit"])
     p.add_argument("--cache-salt", help="send this cache_salt with every request (--url)")
     p.add_argument("--no-ignore-eos", action="store_true", help="server rejects ignore_eos")
     p.add_argument("--streams", type=int, nargs="+", default=[1, 8])
@@ -328,14 +274,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    machine = describe()
     starter = vllm_target if args.vllm else backend_target if args.backend else url_target
     with starter(args) as target:
+        print(json.dumps({"machine": machine, "server": target.server}))
         print(
-            f"{'target':<16} {'streams':>7} {'prefix':>6} {'tokens/s':>9} "
-            f"{'ttft p50ms':>10} {'decode/s':>9} {'tok/str':>7} {'prompt':>7} {'cached':>7}"
+            f"{'target':<16} {'streams':>7} {'prefix':>6} {'tokens/s':>9} {'ttft p50ms':>10} "
+            f"{'ttft p90ms':>10} {'decode/s':>9} {'gap ms':>8} {'tok/str':>7} {'prompt':>7} "
+            f"{'cached':>7}"
         )
         results = asyncio.run(measure(target, args))
-    write_results(args.output, results, args)
+    write_results(args.output, results, target, machine, args)
     print(f"wrote {args.output}")
     return 0
 

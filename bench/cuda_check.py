@@ -2,14 +2,13 @@
 one-at-a-time, namespace isolation of the prefix cache, and engine throughput at 1-64 streams with
 and without a prefix hit. Prints the figures and writes bench/results/cuda_check.json.
 
-    python bench/cuda_check.py [--model smollm2|PATH] [--out FILE]
+    python -m bench.cuda_check [--model smollm2|PATH] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from backend.engine.engine import Engine, EngineConfig
 from backend.engine.plan import SamplingParams
 from backend.model import LoadedModel, load_model
 from backend.runner import ModelRunner
+from bench.machine import describe
 from kvfence.capability import _mint
 
 GREEDY = SamplingParams(max_tokens=64, temperature=0.0)
@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results/cuda_check.json"))
     args = parser.parse_args()
+    machine = describe()
     t0 = time.perf_counter()
     loaded = load_model(args.model, device=args.device)
     load_s = time.perf_counter() - t0
@@ -73,7 +74,8 @@ def main() -> None:
     report: dict[str, object] = {
         "device": torch.cuda.get_device_name(0) if loaded.device.type == "cuda" else "cpu",
         "torch": torch.__version__,
-        "dtype": str(loaded.dtype),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "dtype_reason": loaded.dtype_reason,
         "load_seconds": round(load_s, 2),
     }
     question = chat_ids(loaded, "What is the capital of France?")
@@ -127,7 +129,7 @@ def main() -> None:
     report["gpu_memory_gib"] = (
         round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else 0
     )
-    report["machine"] = platform.node()
+    report["machine"] = machine
     print(json.dumps(report, indent=2))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

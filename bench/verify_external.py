@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ if __package__ in (None, ""):
 
 import orjson
 
+from bench.machine import describe
 from gateway.verify.markers import MarkerKey
 from gateway.verify.scan import AnswerScan
 from tests.fakes.salt_dropping_proxy import RewritingProxy
@@ -41,22 +41,6 @@ from tests.polling import until
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "verify_external.json"
-
-
-def host() -> dict[str, Any]:
-    flags = set()
-    model = ""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags") and not flags:
-            flags = set(line.split(":", 1)[1].split())
-        if line.startswith("model name") and not model:
-            model = line.split(":", 1)[1].strip()
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-    return {
-        "cpu": model,
-        "flags": [f for f in wanted if f in flags],
-        "python": platform.python_version(),
-    }
 
 
 async def flag_counts(vllm: str, tmp: Path) -> dict[str, Any]:
@@ -132,7 +116,7 @@ def scan_cost(events: int = 20000) -> dict[str, float]:
 
 
 async def main(args: argparse.Namespace) -> None:
-    result: dict[str, Any] = {"host": host(), "marker_scan": scan_cost()}
+    result: dict[str, Any] = {"host": describe(), "marker_scan": scan_cost()}
     print("marker scan:", result["marker_scan"])
     with tempfile.TemporaryDirectory() as tmp, running_vllm() as vllm:
         result["flag"] = await flag_counts(vllm, Path(tmp))

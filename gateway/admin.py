@@ -1,7 +1,7 @@
 """The admin listener: operational endpoints on their own port (loopback by default), never on
-the tenant listener. `GET /status` and `GET /metrics` need the admin token when one is set;
-actions (`POST /reload`, `POST /canary/{backend}`, `POST /quarantine/{backend}/release`) always
-need it.
+the tenant listener. `GET /status` (readiness, each backend's health check and verification
+state) and `GET /metrics` need the admin token when one is set; actions (`POST /reload`,
+`POST /canary/{backend}`, `POST /quarantine/{backend}/release`) always need it.
 
 Invariant: no tenant API key opens anything here, and no route here exists on the tenant port.
 """
@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
+from gateway.liveness import LIVENESS
 from gateway.policy.reload import RELOADER
 from gateway.public import backend_status as public_status
 from gateway.state import HOLDER, METRICS, VERIFY
@@ -53,24 +54,30 @@ async def authorize(request: web.Request, handler: Handler) -> web.StreamRespons
 async def status(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     policy = gateway[HOLDER].runtime.policy
-    board = gateway[VERIFY].health
+    board, liveness = gateway[VERIFY].health, gateway[LIVENESS]
     now = time.time()
     backends = {}
     for backend in policy.backends:
-        health = board.get(backend.name)
+        health, live = board.get(backend.name), liveness.get(backend.name)
         backends[backend.name] = {
             "kind": backend.kind,
             "url": backend.url,
             "models": [m.name for m in backend.models],
+            "up": bool(live.up),
+            "required": backend.required,
+            "health_check": live.as_json(),
             "verified": backend.verify is not None,
             "public_prefixes": public_status(policy, backend),
             **health.as_json(),
             "canary_age_s": round(now - health.canary_at, 1) if health.canary_at else None,
         }
     history = gateway[VERIFY].store
+    down = liveness.down(policy)
     return _json(
         {
             "policy": policy.summary(),
+            "ready": not down,
+            "down": down,
             "backends": backends,
             "history": {"complete_since": history.complete_since},
         }

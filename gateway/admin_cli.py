@@ -1,6 +1,7 @@
 """`kvfence admin`: talk to a running gateway's admin listener (status, a policy reload, a
-canary round now, a quarantine release). The token comes from a file or an environment variable, never the command
-line. Exit 0 on success, 1 when the gateway refused, 2 when it could not be reached."""
+canary round now, a quarantine release). The token comes from a file or an environment variable,
+never the command line. Exit 0 on success, 1 when the gateway refused, 2 when it could not be
+reached."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def main(args: argparse.Namespace) -> int:
     if not args.url.startswith(("http://", "https://")):
         print("kvfence admin: --url must be http:// or https://", file=sys.stderr)
         return 2
-    path = {"status": "/status", "reload": "/reload", "canary": "/canary/{}", "release": "/quarantine/{}/release"}
+    path = {"status": "/status", "reload": "/reload", "canary": "/canary/{}"}
+    path["release"] = "/quarantine/{}/release"
     url = args.url.rstrip("/") + path[args.action].format(getattr(args, "backend", ""))
     method = "GET" if args.action == "status" else "POST"
     request = urllib.request.Request(url, method=method)  # noqa: S310 (http(s) checked above)

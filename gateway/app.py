@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Final
 
 import aiohttp
-import orjson
 from aiohttp import web
 
 from gateway.adapters.base import PROXIED_PATHS
@@ -35,7 +34,10 @@ from gateway.filters.public import split_public
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
 from gateway.limits import SharedLimits
+from gateway.liveness import LIVENESS, Liveness, LivenessCollector, readyz
 from gateway.metrics import HealthCollector, Metrics
+from gateway.models_api import add_routes
+from gateway.observe import failed, finish
 from gateway.policy.model import Policy
 from gateway.policy.reload import RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
@@ -76,32 +78,28 @@ CHAIN: Final[tuple[Filter, ...]] = (
 )
 WATCH = web.AppKey("kvfence_watch", Watch)
 _RID_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-access_log = logging.getLogger("kvfence.gateway.access")
 log = logging.getLogger("kvfence.gateway")
 
 
 async def proxied(request: web.Request) -> web.StreamResponse:
     held, cap = request.app[IN_FLIGHT], request[RUNTIME].policy.gateway.limits.max_in_flight
+    metrics = request.app[METRICS]
     if held.count >= cap:
-        request.app[METRICS].overloaded.inc()
+        metrics.overloaded.inc()
         raise Overloaded("the gateway is at its in-flight limit; retry shortly", 1.0)
     held.count += 1
     try:
         for step in CHAIN:
             await step(request)
-        return await forward(request)
+        route = request[ROUTE]
+        in_flight = metrics.child(metrics.in_flight, request[TENANT].id, route.model.name)
+        in_flight.inc()
+        try:
+            return await forward(request)
+        finally:
+            in_flight.dec()
     finally:
         held.count -= 1
-
-
-async def list_models(request: web.Request) -> web.Response:
-    await authenticate(request)
-    runtime = request[RUNTIME]
-    names = sorted(runtime.allowed[request[TENANT].id])
-    data = [{"id": n, "object": "model", "created": 0, "owned_by": "kvfence"} for n in names]
-    return web.Response(
-        body=orjson.dumps({"object": "list", "data": data}), content_type="application/json"
-    )
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -118,32 +116,6 @@ def _error(error: GatewayError, rid: str) -> web.Response:
         content_type="application/json",
         headers=headers,
     )
-
-
-def _finish(request: web.Request, status: int, timing: Timing) -> None:
-    end = time.perf_counter()
-    tenant = request[TENANT].id if TENANT in request else "-"
-    route = request.get(ROUTE)
-    backend = route.backend.name if route is not None else "-"
-    m = request.app[METRICS]
-    m.child(m.requests, tenant, backend, str(status)).inc()
-    if timing.upstream_sent:
-        m.child(m.latency, backend).observe(end - timing.start)
-        after = timing.client_headers - timing.upstream_headers if timing.client_headers else 0.0
-        m.added.observe(timing.upstream_sent - timing.start + after)
-    if request[RUNTIME].policy.gateway.access_log:
-        access_log.info(
-            "request",
-            extra={
-                "rid": request[REQUEST_ID],
-                "method": request.method,
-                "path": request.path,
-                "status": status,
-                "tenant": tenant,
-                "backend": backend,
-                "ms": round((end - timing.start) * 1000, 3),
-            },
-        )
 
 
 @web.middleware
@@ -168,6 +140,7 @@ async def frame(
         raise
     except GatewayError as exc:
         status = exc.status
+        failed(request, exc)
         return _error(exc, rid)
     except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
         status = 404
@@ -175,7 +148,7 @@ async def frame(
     finally:
         if request.get(ADMITTED):
             request.app[LIMITS].release(request[TENANT].id, request.get(USED_TOKENS, 0))
-        _finish(request, status, timing)
+        finish(request, status, timing)
 
 
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -197,6 +170,7 @@ def _verify_ctx(temporary: bool) -> Callable[[web.Application], AsyncIterator[No
         tasks = [
             asyncio.create_task(verification.health.watch()),
             asyncio.create_task(app[WATCH].run()),
+            asyncio.create_task(app[LIVENESS].run(app)),
         ]
         yield
         for task in tasks:
@@ -218,22 +192,29 @@ def create_app(
     worker: int | None = None,
     state_dir: Path | None = None,
     generation: float | None = None,
+    shared_metrics: Path | None = None,
 ) -> web.Application:
     """The gateway for `policy`; with `reload_from`, it follows that file and SIGHUP. `worker`
     numbers one of several processes sharing the port (it writes its own audit log chain);
     `state_dir` is the state they share (verification, tenant limits; default: the policy's,
-    else a private temporary one), and `generation` names their start (limits left by an
-    earlier start are reset)."""
+    else a private temporary one), `generation` names their start (limits left by an
+    earlier start are reset), and `shared_metrics` the folder their metric values share."""
     app = web.Application(middlewares=[frame])
     app[HOLDER] = PolicyHolder(Runtime(policy))
-    app[METRICS] = Metrics()
+    app[METRICS] = Metrics(shared_metrics)
+    app[LIVENESS] = Liveness()
     app[EDGE] = Edge(app[METRICS])
     app[AUDIT_SINK] = AuditSink(policy.gateway.audit_log, worker)
     temporary = False
     if state_dir is None:
         state_dir, temporary = state_dir_for(policy)
     app[VERIFY] = Verification(policy, state_dir)
-    app[METRICS].registry.register(HealthCollector(app[VERIFY].health))
+
+    def backends() -> list[str]:
+        return [b.name for b in app[HOLDER].runtime.policy.backends]
+
+    app[METRICS].add_collector(HealthCollector(app[VERIFY].health, backends))
+    app[METRICS].add_collector(LivenessCollector(app[LIVENESS], app[HOLDER]))
     app[LIMITS] = SharedLimits(state_dir / "limits.bin", generation or time.time())
     app[IN_FLIGHT] = InFlight()
     app[WATCH] = Watch(app)
@@ -246,7 +227,7 @@ def create_app(
         app.cleanup_ctx.append(reload_ctx(reloader))
     for path in sorted(PROXIED_PATHS):
         app.router.add_post(path, proxied)
-    app.router.add_get("/v1/models", list_models)
+    add_routes(app)
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", healthz)
+    app.router.add_get("/readyz", readyz)
     return app

@@ -1,4 +1,4 @@
-"""`kvfence gateway --policy FILE [--host] [--port] [--workers N]`.
+"""`kvfence gateway --policy FILE [--host] [--port] [--admin-port] [--workers N]`.
 
 With N > 1 the parent forks N workers that share the port through SO_REUSEPORT, passes SIGTERM,
 SIGINT and SIGHUP on to them, and stops them all when one exits. Workers die with their parent:
@@ -25,11 +25,14 @@ from gateway.app import create_app
 from gateway.audit.chain import worker_path
 from gateway.audit.chainfile import check_free
 from gateway.audit.log import AuditWriteError
+from gateway.metrics import prepare_shared, share_values, worker_exited
 from gateway.policy.load import load_policy
+from gateway.policy.model import Policy
 from gateway.policy.node import PolicyError
 from gateway.preflight import problems
 from gateway.server import bound_port, start, start_admin
 from gateway.verify.service import remove_state_dir, state_dir_for
+from kvfence.listen import ListenError, check_listen
 from kvfence.logs import configure_logging
 
 log = logging.getLogger("kvfence.gateway")
@@ -42,6 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", required=True, help="policy YAML file")
     parser.add_argument("--host", help="override gateway.listen.host")
     parser.add_argument("--port", type=int, help="override gateway.listen.port")
+    parser.add_argument("--admin-port", type=int, help="override gateway.admin.port")
     parser.add_argument("--workers", type=int, default=1, help="processes sharing the port")
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
 
@@ -64,12 +68,14 @@ async def _serve(
         worker=worker,
         state_dir=state_dir,
         generation=GENERATION,
+        shared_metrics=None if state_dir is None else metrics_dir(state_dir),
     )
     host = args.host or policy.gateway.listen.host
     port = policy.gateway.listen.port if args.port is None else args.port
     runner = await start(app, host, port, reuse_port=worker is not None)
     admin = policy.gateway.admin
-    admin_runner = await start_admin(app, admin.host, admin.port, reuse_port=worker is not None)
+    admin_port = admin.port if args.admin_port is None else args.admin_port
+    admin_runner = await start_admin(app, admin.host, admin_port, reuse_port=worker is not None)
     log.info(
         "serving",
         extra={
@@ -133,6 +139,7 @@ def _child(args: argparse.Namespace, worker: int, parent: int, state_dir: Path) 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the app's own handler is installed
     try:
         _die_with(parent)
+        share_values(metrics_dir(state_dir))
         return _run(args, worker, parent, state_dir)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
@@ -152,8 +159,14 @@ def _fork_workers(args: argparse.Namespace) -> int:
             remove_state_dir(state_dir)
 
 
+def metrics_dir(state_dir: Path) -> Path:
+    """Where the workers' metric values live (summed by whichever worker is scraped)."""
+    return state_dir / "metrics"
+
+
 def _supervise(args: argparse.Namespace, state_dir: Path) -> int:
     parent, children = os.getpid(), []
+    prepare_shared(metrics_dir(state_dir))
     for worker in range(1, args.workers + 1):
         pid = os.fork()
         if pid == 0:
@@ -173,11 +186,33 @@ def _supervise(args: argparse.Namespace, state_dir: Path) -> int:
         if pid not in alive:
             continue
         alive.discard(pid)
+        worker_exited(metrics_dir(state_dir), pid)
         status = status or os.waitstatus_to_exitcode(code)
         if alive and status:  # one worker failed: stop the others rather than run short
             log.warning("worker exited: stopping", extra={"pid": pid, "status": status})
             forward(signal.SIGTERM, None)
     return abs(status)
+
+
+def _check_free(args: argparse.Namespace, policy: Policy) -> None:
+    """No other process writes the audit chains (a second gateway: it names its pid), and
+    both ports can be listened on."""
+    audit = policy.gateway.audit_log
+    workers = [None] if args.workers == 1 else list(range(1, args.workers + 1))
+    for worker in workers:
+        if audit is not None:
+            check_free(worker_path(audit.path, worker))
+    listen, admin = policy.gateway.listen, policy.gateway.admin
+    host, port = args.host or listen.host, listen.port if args.port is None else args.port
+    admin_port = admin.port if args.admin_port is None else args.admin_port
+    if port and port == admin_port:
+        raise ListenError(
+            f"the gateway and its admin listener both want port {port}: give them two "
+            "(--port / gateway.listen.port, --admin-port / gateway.admin.port)"
+        )
+    check_listen(host, port, "the gateway", "choose another with --port or gateway.listen.port")
+    fix = "choose another with --admin-port or gateway.admin.port"
+    check_listen(admin.host, admin_port, "the admin listener", fix)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -194,13 +229,9 @@ def main(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("kvfence gateway: --workers must be at least 1", file=sys.stderr)
         return 2
-    audit = policy.gateway.audit_log
-    workers = [None] if args.workers == 1 else list(range(1, args.workers + 1))
-    try:
-        for worker in workers:
-            if audit is not None:  # one line now, rather than one per worker later
-                check_free(worker_path(audit.path, worker))
-    except AuditWriteError as exc:
+    try:  # one line now, rather than one per worker later
+        _check_free(args, policy)
+    except (AuditWriteError, ListenError) as exc:
         print(f"kvfence gateway: refusing to start: {exc}", file=sys.stderr)
         return 2
     if args.workers == 1:

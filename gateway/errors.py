@@ -2,15 +2,15 @@
 an error becomes OpenAI-style JSON, and `gateway.app`'s middleware the one place it becomes HTTP.
 
 GatewayError
-├── BadRequest (400)          ├── ClientInputRejected (400)   ├── MissingScopeValue (400)
-│   ├── MalformedRequest (400, edge)  ├── MalformedBody (400)  ├── UnknownField (400)
-│   └── PublicMarkRefused (400)
-├── Unauthenticated (401)     ├── Forbidden (403)             ├── NotFound (404)
-├── MethodNotAllowed (405, edge)      ├── RequestTimeout (408) ├── BodyTooLarge (413)
-├── RateLimited (429)         ├── NotSupported (501)          ├── VersionNotSupported (505, edge)
-├── UpstreamUnavailable (502) ├── AttestationRefused (502)    ├── AuditWriteFailed (502)
-├── AnswerTooLarge (502)      ├── HandleRefused (502)         ├── Overloaded (503)
-├── BackendQuarantined (503)  └── UpstreamTimeout (504)
+├── BadRequest (400): ClientInputRejected, MissingScopeValue, MalformedRequest (edge),
+│   MalformedBody, UnknownField, PublicMarkRefused
+├── Unauthenticated (401)
+├── NotFound (404): ModelNotFound (unknown and forbidden models alike)
+├── MethodNotAllowed (405, edge), RequestTimeout (408), BodyTooLarge (413), RateLimited (429)
+├── NotSupported (501), VersionNotSupported (505, edge)
+├── UpstreamUnavailable, AttestationRefused, AuditWriteFailed, AnswerTooLarge, HandleRefused (502)
+├── Overloaded, BackendQuarantined (503)
+└── UpstreamTimeout (504)
 
 The edge's errors (`gateway.edge`) are answered with `Connection: close`, and the connection is
 closed after them.
@@ -25,16 +25,20 @@ import orjson
 
 class GatewayError(Exception):
     """A local answer. `message` is shown to the client: never put a key or prompt in it.
-    `retry_after_s`, when set, is sent as `Retry-After` (whole seconds, rounded up)."""
+    `retry_after_s`, when set, is sent as `Retry-After` (whole seconds, rounded up). `cause`
+    is for the operator's log only (which URL failed, and how), never sent to the client."""
 
     status: ClassVar[int] = 500
     type: ClassVar[str] = "server_error"
     code: ClassVar[str] = "internal_error"
 
-    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+    def __init__(
+        self, message: str, retry_after_s: float | None = None, *, cause: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after_s = retry_after_s
+        self.cause = cause
 
 
 class BadRequest(GatewayError):
@@ -83,12 +87,19 @@ class Unauthenticated(GatewayError):
     status, type, code = 401, "authentication_error", "invalid_api_key"
 
 
-class Forbidden(GatewayError):
-    status, type, code = 403, "permission_error", "model_not_allowed"
-
-
 class NotFound(GatewayError):
     status, type, code = 404, "invalid_request_error", "not_found"
+
+
+class ModelNotFound(NotFound):
+    """Unknown and forbidden models alike, as OpenAI answers both: a tenant learns nothing
+    about the models of others."""
+
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        shown = model if len(model) <= 128 else model[:128] + "..."
+        super().__init__(f"The model `{shown}` does not exist or you do not have access to it.")
 
 
 class RateLimited(GatewayError):

@@ -1,33 +1,93 @@
-"""Prometheus metrics, one `CollectorRegistry` per app so many apps can live in one process.
+"""Prometheus metrics, one `CollectorRegistry` per app so many apps can live in one process;
+with `--workers N` every worker writes its values to files in one folder (prometheus-client's
+multiprocess mode) and any worker's scrape reports the sum over all of them.
 
-Invariant: label values are bounded by the policy (tenant ids, backend names) or by fixed sets.
+Invariant: label values are bounded by the policy (tenant ids, model and backend names) or by
+fixed sets; a scrape of any worker reports the totals of every worker of the gateway.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import values as prometheus_values
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
 from gateway.verify.health import HealthBoard
 
-M = TypeVar("M", Counter, Histogram)
+M = TypeVar("M", Counter, Histogram, Gauge)
 
 _FAST = (0.0001, 0.0002, 0.0003, 0.0005, 0.001, 0.0015, 0.003, 0.005, 0.01, 0.05)
 _SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_FIRST = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def prepare_shared(folder: Path) -> None:
+    """In the parent, before forking workers: an empty folder for their values (a previous
+    run's files would add to this run's totals)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(mode=0o700, parents=True)
+
+
+def share_values(folder: Path) -> None:
+    """In a worker, before its `Metrics` is built: every value lives in `folder`."""
+    os.environ[_MULTIPROC_ENV] = str(folder)
+    prometheus_values.ValueClass = prometheus_values.MultiProcessValue()  # type: ignore[no-untyped-call]
+
+
+def worker_exited(folder: Path, pid: int) -> None:
+    """In the parent, when a worker exits: its live gauges (in flight) stop counting."""
+    mark_process_dead(pid, str(folder))  # type: ignore[no-untyped-call]
 
 
 class Metrics:
     """All gateway metrics, prefixed `kvfence_gateway_`."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: Path | None = None) -> None:
+        """`shared`: the folder of `share_values` (workers), else values stay in this process."""
         r = self.registry = CollectorRegistry()
+        self._shared = shared
+        self._collectors: list[Collector] = []
         p = "kvfence_gateway_"
         self.requests = Counter(
-            p + "requests", "Requests answered", ["tenant", "backend", "status"], registry=r
+            p + "requests",
+            "Requests answered, by the status the client got",
+            ["tenant", "model", "backend", "status"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            p + "prompt_tokens",
+            "Prompt tokens the backend reported",
+            ["tenant", "model"],
+            registry=r,
+        )
+        self.completion_tokens = Counter(
+            p + "completion_tokens",
+            "Completion tokens the backend reported",
+            ["tenant", "model"],
+            registry=r,
+        )
+        self.first_token = Histogram(
+            p + "time_to_first_token_seconds",
+            "Streamed answers: from sending the request upstream to its first event",
+            ["tenant", "model"],
+            buckets=_FIRST,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            p + "in_flight",
+            "Requests sent upstream and not yet answered in full",
+            ["tenant", "model"],
+            multiprocess_mode="livesum",
+            registry=r,
         )
         self.latency = Histogram(
             p + "request_seconds",
@@ -57,7 +117,7 @@ class Metrics:
         self.cached_tokens = Counter(
             p + "cached_tokens",
             "Cached prompt tokens the backend reported",
-            ["tenant"],
+            ["tenant", "model"],
             registry=r,
         )
         self.reloads = Counter(
@@ -125,15 +185,30 @@ class Metrics:
             found = self._children[key] = metric.labels(*values)
         return found
 
+    def add_collector(self, collector: Collector) -> None:
+        """A collector read at scrape time, by the worker that answers the scrape."""
+        if self._shared is None:
+            self.registry.register(collector)
+        else:
+            self._collectors.append(collector)
+
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self._shared is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self._shared))  # type: ignore[no-untyped-call]
+        for collector in self._collectors:
+            registry.register(collector)
+        return generate_latest(registry)
 
 
 class HealthCollector(Collector):
-    """Per-backend verification state, read from the board every worker shares, at scrape time."""
+    """Per-backend verification state, read from the board every worker shares, at scrape time;
+    every backend of the policy appears (a backend never checked: no canary, not quarantined)."""
 
-    def __init__(self, board: HealthBoard) -> None:
+    def __init__(self, board: HealthBoard, backends: Callable[[], Iterable[str]]) -> None:
         self.board = board
+        self.backends = backends
 
     def collect(self) -> Iterator[Metric]:
         p = "kvfence_gateway_backend_"
@@ -150,7 +225,8 @@ class HealthCollector(Collector):
         found = GaugeMetricFamily(
             p + "violations", "Violations by kind (shared count)", labels=["backend", "kind"]
         )
-        for name, health in sorted(self.board.view.items()):
+        for name in sorted(self.backends()):
+            health = self.board.get(name)
             quarantined.add_metric([name], float(health.quarantined))
             outcome.add_metric([name, health.canary], 1.0)
             at.add_metric([name], health.canary_at)

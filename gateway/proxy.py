@@ -24,6 +24,7 @@ from gateway.errors import (
     UpstreamUnavailable,
 )
 from gateway.exchange import Exchange
+from gateway.failures import describe
 from gateway.reading import read_chunk
 from gateway.sse import parse_usage
 from gateway.state import (
@@ -45,18 +46,22 @@ async def _open(request: web.Request) -> aiohttp.ClientResponse:
     route, runtime = request[ROUTE], request[RUNTIME]
     data = request[UPSTREAM_BODY]
     request[TIMING].upstream_sent = time.perf_counter()
+    url = route.backend.url + request.path
+    first_byte_s = runtime.policy.gateway.timeouts.first_byte_s
     try:
-        async with asyncio.timeout(runtime.policy.gateway.timeouts.first_byte_s):
+        async with asyncio.timeout(first_byte_s):
             return await request.app[SESSION].post(
-                route.backend.url + request.path,
-                data=data,
-                headers=request[UPSTREAM_HEADERS],
-                timeout=runtime.upstream_timeout,
+                url, data=data, headers=request[UPSTREAM_HEADERS], timeout=runtime.upstream_timeout
             )
-    except TimeoutError:
-        raise UpstreamTimeout(f"backend {route.backend.name} did not answer in time") from None
-    except aiohttp.ClientError:
-        raise UpstreamUnavailable(f"backend {route.backend.name} is unavailable") from None
+    except TimeoutError as exc:
+        cause = describe(exc)
+        if not isinstance(exc, aiohttp.ClientError):  # our own deadline, not aiohttp's
+            cause = f"no answer within timeouts.first_byte_s ({first_byte_s:g} s)"
+        message = f"backend {route.backend.name} did not answer in time"
+        raise UpstreamTimeout(message, cause=cause) from None
+    except aiohttp.ClientError as exc:
+        message = f"backend {route.backend.name} is unavailable"
+        raise UpstreamUnavailable(message, cause=describe(exc)) from None
 
 
 async def _read_all(upstream: aiohttp.ClientResponse, idle_s: float, cap: int) -> bytes:
@@ -70,9 +75,11 @@ async def _read_all(upstream: aiohttp.ClientResponse, idle_s: float, cap: int) -
                 raise AnswerTooLarge(f"the backend's answer is over {cap} bytes")
             parts.append(chunk)
     except TimeoutError:
-        raise UpstreamTimeout("backend stalled while answering") from None
-    except aiohttp.ClientError:
-        raise UpstreamUnavailable("backend failed while answering") from None
+        cause = f"stalled: no data within timeouts.idle_s ({idle_s:g} s)"
+        raise UpstreamTimeout("backend stalled while answering", cause=cause) from None
+    except aiohttp.ClientError as exc:
+        cause = describe(exc)
+        raise UpstreamUnavailable("backend failed while answering", cause=cause) from None
     return b"".join(parts)
 
 

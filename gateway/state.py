@@ -30,12 +30,14 @@ class InFlight:
 
 @dataclass(slots=True)
 class Timing:
-    """Monotonic timestamps (seconds) for the added-latency metric; written by app and proxy."""
+    """Monotonic timestamps (seconds) for the latency metrics; written by app and proxy, and
+    `first_event` (a stream's first event from upstream) by the stream relay."""
 
     start: float
     upstream_sent: float = 0.0
     upstream_headers: float = 0.0
     client_headers: float = 0.0
+    first_event: float = 0.0
 
 
 RUNTIME = web.RequestKey("kvfence_runtime", Runtime)  # app middleware

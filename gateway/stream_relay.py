@@ -28,6 +28,7 @@ from gateway.errors import (
     error_body,
 )
 from gateway.exchange import Exchange
+from gateway.failures import describe
 from gateway.reading import first_event_of, read_chunk
 from gateway.sse import UsageScanner, split_attestation_event
 from gateway.state import DROP_USAGE, REQUEST_ID, RUNTIME, TIMING
@@ -47,6 +48,8 @@ async def relay_stream(
     head, pending = b"", b""
     if ctx.attested:
         event, pending = await first_event_of(upstream, idle_s)
+        if event is not None:
+            request[TIMING].first_event = time.perf_counter()
         token, head = split_attestation_event(event) if event is not None else (None, b"")
         answer.attestations.append(token)
     judgement = judge(ctx, answer)
@@ -101,10 +104,12 @@ async def _pump(
     gateway = request[RUNTIME].policy.gateway
     idle_s, write_s = gateway.timeouts.idle_s, gateway.limits.write_timeout_s
     held, suspect = b"", b""
-    chunk = pending
+    chunk, timing = pending, request[TIMING]
     try:
         while True:
             out = scanner.feed(chunk) if chunk else b""
+            if out and not timing.first_event:
+                timing.first_event = time.perf_counter()
             if out:
                 scan.events(out)
                 if scan.markers or scan.late_attestations:
@@ -197,8 +202,8 @@ def _refused(judgement: Judgement) -> GatewayError:
 
 def _cut_error(exc: BaseException) -> GatewayError:
     if isinstance(exc, TimeoutError):
-        return UpstreamTimeout("backend stalled mid-stream")
-    return UpstreamUnavailable("backend failed mid-stream")
+        return UpstreamTimeout("backend stalled mid-stream", cause="stalled: no event in idle_s")
+    return UpstreamUnavailable("backend failed mid-stream", cause=describe(exc))
 
 
 async def _fail(
@@ -209,7 +214,8 @@ async def _fail(
     error: GatewayError,
 ) -> None:
     ctx, answer = exchange.ctx, exchange.answer
-    log.warning("stream cut", extra={"rid": ctx.request_id, "error": error.code})
+    cause = error.cause or "-"
+    log.warning("stream cut", extra={"rid": ctx.request_id, "error": error.code, "cause": cause})
     with contextlib.suppress(AuditWriteFailed):  # logged and counted; the stream fails anyway
         await settle(request, ctx, answer, judgement, status=error.status, reason=error.code)
     await _end_with_error(resp, error)

@@ -20,6 +20,8 @@ KEY_LEN: Final = len(PREFIX) + _BODY_LEN + _CHECK_LEN
 DIGEST_PREFIX: Final = "hmac-sha256:"
 MIN_PEPPER_BYTES: Final = 16
 _ALPHABET: Final = "abcdefghijklmnopqrstuvwxyz234567"  # RFC 4648 base32, lower case
+# A tenant id, in the policy and on the command line: no spaces, nothing a log could misread.
+TENANT_ID_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _SHAPE: Final = re.compile(f"{PREFIX}[a-z2-7]{{{_BODY_LEN + _CHECK_LEN}}}")
 
 

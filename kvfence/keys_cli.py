@@ -1,83 +1,137 @@
 """`kvfence keys new`: mint a tenant API key and print it once with its policy digest.
 
-The pepper comes from an environment variable, a file, or the policy's `api_key_pepper`.
+The pepper comes from an environment variable, a file, or the policy's `api_key_pepper`. With
+`--policy` the tenant must be one the policy names; `--digest-file` appends the digest to the
+file of digests the tenant's `api_keys` reads, so nothing is pasted into a policy by hand.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import yaml
 
-from kvfence.apikey import MIN_PEPPER_BYTES, key_digest, mint_key
+from kvfence.apikey import MIN_PEPPER_BYTES, TENANT_ID_RE, key_digest, mint_key
 from kvfence.secrets import SecretError, from_env, from_file
 
 
-class PepperError(Exception):
-    """The pepper could not be read or is too short."""
+class KeysError(Exception):
+    """The key cannot be minted as asked: one line naming the cause and the fix."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     new = sub.add_parser("new", help="mint a key for a tenant")
-    new.add_argument("--tenant", required=True, help="tenant id the key belongs to")
+    new.add_argument("--tenant", required=True, help="tenant id ([A-Za-z0-9._-], 1-64)")
     new.add_argument("--json", action="store_true", help="print one JSON object")
+    new.add_argument(
+        "--digest-file",
+        metavar="PATH",
+        type=Path,
+        help="append the digest to this file (a tenant's api_keys: [{file: PATH}])",
+    )
     src = new.add_mutually_exclusive_group()
     src.add_argument("--pepper-env", metavar="NAME", help="env variable (default KVFENCE_PEPPER)")
     src.add_argument("--pepper-file", metavar="PATH", help="file holding the pepper")
-    src.add_argument("--policy", metavar="FILE", help="read the pepper reference from a policy")
+    src.add_argument(
+        "--policy",
+        metavar="FILE",
+        help="read the pepper from this policy; the tenant must be in it",
+    )
 
 
 def _secret(read: Callable[[], bytes]) -> bytes:
     try:
         return read()
     except SecretError as exc:
-        raise PepperError(str(exc)) from exc
+        raise KeysError(str(exc)) from exc
 
 
-def _from_policy(path: str) -> bytes:
+def _read_policy(path: str) -> dict[str, Any]:
     try:
         doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        ref = doc["gateway"]["api_key_pepper"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
-        raise PepperError(f"{path}: no readable gateway.api_key_pepper") from exc
+    except OSError as exc:
+        raise KeysError(f"cannot read policy {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise KeysError(f"{path} is not valid YAML: run `kvfence policy check {path}`") from exc
+    if not isinstance(doc, dict):
+        raise KeysError(f"{path} is not a policy: run `kvfence policy check {path}`")
+    return doc
+
+
+def _pepper_from(doc: dict[str, Any], path: str) -> bytes:
+    gateway = doc.get("gateway")
+    ref = gateway.get("api_key_pepper") if isinstance(gateway, dict) else None
     if isinstance(ref, dict) and set(ref) == {"env"}:
         return _secret(lambda: from_env(str(ref["env"])))
     if isinstance(ref, dict) and set(ref) == {"file"}:
         # As in the policy itself, a file is relative to the policy's folder.
         return _secret(lambda: from_file(Path(path).parent / str(ref["file"])))
-    raise PepperError(f"{path}: gateway.api_key_pepper must be {{env: NAME}} or {{file: PATH}}")
+    raise KeysError(f"{path}: gateway.api_key_pepper must be {{env: NAME}} or {{file: PATH}}")
+
+
+def _check_tenant_in(doc: dict[str, Any], path: str, tenant: str) -> None:
+    tenants = doc.get("tenants")
+    ids = [t.get("id") for t in tenants if isinstance(t, dict)] if isinstance(tenants, list) else []
+    if tenant not in ids:
+        known = ", ".join(str(i) for i in ids) or "none"
+        raise KeysError(
+            f"tenant {tenant!r} is not in {path} (its tenants: {known}): add it to the "
+            "policy's tenants first, or check the spelling"
+        )
 
 
 def read_pepper(args: argparse.Namespace) -> bytes:
     if args.pepper_file:
         pepper = _secret(lambda: from_file(Path(args.pepper_file)))
     elif args.policy:
-        pepper = _from_policy(args.policy)
+        doc = _read_policy(args.policy)
+        _check_tenant_in(doc, args.policy, args.tenant)
+        pepper = _pepper_from(doc, args.policy)
     else:
         pepper = _secret(lambda: from_env(args.pepper_env or "KVFENCE_PEPPER"))
     if len(pepper) < MIN_PEPPER_BYTES:
-        raise PepperError(f"the pepper must be at least {MIN_PEPPER_BYTES} bytes")
+        raise KeysError(f"the pepper must be at least {MIN_PEPPER_BYTES} bytes")
     return pepper
+
+
+def _append_digest(path: Path, digest: str) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a", encoding="ascii") as out:
+            out.write(digest + "\n")
+    except OSError as exc:
+        raise KeysError(f"cannot append to {path}: {exc.strerror}") from exc
 
 
 def main(args: argparse.Namespace) -> int:
     try:
+        if not TENANT_ID_RE.fullmatch(args.tenant):
+            raise KeysError(
+                f"tenant id {args.tenant!r} is not valid: use 1 to 64 of A-Z a-z 0-9 . _ - "
+                "(no spaces), the same id as in the policy's tenants"
+            )
         pepper = read_pepper(args)
-    except PepperError as exc:
+        key = mint_key()
+        digest = key_digest(pepper, key)
+        if args.digest_file is not None:
+            _append_digest(args.digest_file, digest)
+    except KeysError as exc:
         print(f"kvfence keys: {exc}", file=sys.stderr)
         return 2
-    key = mint_key()
-    digest = key_digest(pepper, key)
     if args.json:
-        sys.stdout.write(
-            orjson.dumps({"tenant": args.tenant, "api_key": key, "digest": digest}).decode() + "\n"
-        )
+        out = {"tenant": args.tenant, "api_key": key, "digest": digest}
+        sys.stdout.write(orjson.dumps(out).decode() + "\n")
         return 0
     print(f"API key for tenant {args.tenant} (shown once, store it now):\n  {key}")
-    print(f"add this digest to the tenant's api_keys in the policy:\n  {digest}")
+    if args.digest_file is not None:
+        print(f"its digest was appended to {args.digest_file}")
+    else:
+        print(f"add this digest to the tenant's api_keys in the policy:\n  {digest}")
     return 0

@@ -40,7 +40,10 @@ gateway:
   state_dir: state
   namespace_keys: [{{id: ns1, secret: {{file: secrets/namespace-key}}, active: true}}]
   api_key_pepper: {{file: secrets/pepper}}
-  audit_log: {{path: audit/audit.jsonl, key: {{file: secrets/audit-key}}}}
+  audit_log:
+    path: audit/audit.jsonl
+    key: {{file: secrets/audit-key}}
+    anchor: anchor/audit.anchor   # outside the log's folder: shows a rollback
 backends:
   - name: vllm
     kind: vllm
@@ -63,20 +66,17 @@ def main() -> int:
     parser.add_argument("--block-size", type=int, default=16)
     args = parser.parse_args()
     state: Path = args.state
-    for sub in ("", "secrets", "tenants", "audit", "state", "logs"):
+    for sub in ("", "secrets", "tenants", "keys", "audit", "anchor", "state", "logs"):
         (state / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
     for name in SECRETS:
         if not (state / "secrets" / name).exists():
             _private(state / "secrets" / name, secrets.token_urlsafe(32))
-    pepper = (state / "secrets" / "pepper").read_bytes()
+    pepper = (state / "secrets" / "pepper").read_bytes().rstrip(b"\r\n")
     keys_path = state / "keys.json"
     keys = json.loads(keys_path.read_text()) if keys_path.exists() else {}
     for tenant in TENANTS:
-        if tenant not in keys:
-            keys[tenant] = mint_key()
-            (state / "keys" / tenant).parent.mkdir(mode=0o700, exist_ok=True)
+        keys.setdefault(tenant, mint_key())
         _private(state / "tenants" / f"{tenant}.digests", key_digest(pepper, keys[tenant]) + "\n")
-        (state / "keys").mkdir(mode=0o700, exist_ok=True)
         _private(state / "keys" / tenant, keys[tenant])
     _private(keys_path, json.dumps(keys, indent=2))
     text = policy(args.vllm_url, args.model, args.port, args.admin_port, args.block_size)

@@ -5,11 +5,14 @@ outside, secrets are files mounted where they are read, and every service has a 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib
 import io
 import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,6 +35,8 @@ COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 # Services built from our Dockerfile; the others (vllm) use their own image.
 OURS = sorted(name for name, svc in SERVICES.items() if "build" in svc)
+TOOLS = "kvfence"  # the CLI service the setup runs: no network, no secrets
+SERVERS = sorted(set(SERVICES) - {TOOLS})
 
 
 def _networks(service: dict[str, Any]) -> set[str]:
@@ -142,11 +147,24 @@ def test_gateway_image_installs_no_torch() -> None:
 def test_only_the_gateway_publishes_a_port() -> None:
     published = {name for name, svc in SERVICES.items() if svc.get("ports")}
     assert published == {"gateway"}
-    for svc in SERVICES.values():
-        assert "network_mode" not in svc
+    for name in SERVERS:
+        assert "network_mode" not in SERVICES[name]
+    # The admin listener (tenant ids in /metrics, quarantine release) only on the host's loopback.
+    admin = yaml.safe_load(POLICY_FILE.read_text())["gateway"]["admin"]
+    [mapping] = [p for p in SERVICES["gateway"]["ports"] if p.endswith(f":{admin['port']}")]
+    assert mapping.startswith("127.0.0.1:") and "token" in admin
 
 
-@pytest.mark.parametrize("name", sorted(set(SERVICES) - {"gateway"}))
+def test_the_cli_service_sees_only_the_state_folder() -> None:
+    tools = SERVICES[TOOLS]
+    assert tools["profiles"] == ["tools"], "never started by `docker compose up`"
+    assert tools["image"] == SERVICES["gateway"]["image"], "the image the gateway runs"
+    assert tools["network_mode"] == "none" and "secrets" not in tools
+    assert tools["volumes"] == [f"./.kvfence/compose:{tools['working_dir']}"]
+    assert tools["read_only"] is True and tools["cap_drop"] == ["ALL"]
+
+
+@pytest.mark.parametrize("name", sorted(set(SERVERS) - {"gateway"}))
 def test_upstreams_sit_only_on_internal_networks_shared_with_the_gateway(name: str) -> None:
     networks = COMPOSE["networks"]
     nets = _networks(SERVICES[name])
@@ -192,14 +210,26 @@ def _secret_refs(node: Any, source: str) -> list[str]:
     return []
 
 
-def test_policy_reads_secrets_the_gateway_mounts() -> None:
+def _volumes(service: dict[str, Any]) -> dict[str, str]:
+    """Folder inside the container -> the host folder (relative to the compose file)."""
+    return {v.split(":")[1]: v.split(":")[0] for v in service.get("volumes", [])}
+
+
+def test_policy_reads_files_the_gateway_mounts() -> None:
     policy = yaml.safe_load(POLICY_FILE.read_text())
     files = _secret_refs(policy, "file")
     assert files, "the compose policy reads no secret files"
-    mounted = _secret_mounts(SERVICES["gateway"])
+    secrets, folders = _secret_mounts(SERVICES["gateway"]), _volumes(SERVICES["gateway"])
     for path in files:
-        assert path in mounted, f"{path} is not a secret mounted into the gateway"
+        in_folder = any(path.startswith(target + "/") for target in folders)
+        assert path in secrets or in_folder, f"{path} is not mounted into the gateway"
     assert _secret_refs(policy, "env") == [], "compose passes secrets as files, not env"
+    # Tenant digests come from a mounted folder, never pasted into the tracked policy.
+    assert "hmac-sha256:" not in POLICY_FILE.read_text()
+    audit = policy["gateway"]["audit_log"]
+    assert Path(audit["path"]).parent.as_posix() in folders, "the audit log is on a volume"
+    assert Path(audit["anchor"]).parent.as_posix() in folders, "so is its anchor"
+    assert Path(audit["anchor"]).parent != Path(audit["path"]).parent
 
 
 def test_policy_backends_match_the_services_they_name() -> None:
@@ -221,7 +251,7 @@ def test_policy_backends_match_the_services_they_name() -> None:
     assert served in {m["name"] for m in by_kind["vllm"]["models"]}
 
 
-@pytest.mark.parametrize("name", sorted(SERVICES))
+@pytest.mark.parametrize("name", SERVERS)
 def test_every_service_has_a_health_check_on_its_own_port(name: str) -> None:
     service = SERVICES[name]
     check = " ".join(map(str, service["healthcheck"]["test"]))
@@ -235,50 +265,115 @@ def test_every_service_has_a_health_check_on_its_own_port(name: str) -> None:
         assert service["depends_on"]["backend"]["condition"] == "service_healthy"
 
 
-def _setup_commands() -> str:
-    """The secret-making commands docker-compose.yml's header tells an operator to run."""
-    lines = COMPOSE_FILE.read_text().splitlines()
-    start = lines.index(
-        "#   mkdir -p .kvfence/compose && chmod 700 .kvfence/compose && cd .kvfence/compose"
-    )
-    end = lines.index("#   cd ../..", start)
-    return "\n".join(line.removeprefix("#   ") for line in lines[start:end])
+def _instructions(first: str) -> list[str]:
+    """The commands docker-compose.yml's header gives from the line `first` to the next blank
+    comment line, continuation lines joined."""
+    lines = [line.removeprefix("#") for line in COMPOSE_FILE.read_text().splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(first))
+    block = []
+    for line in lines[start:]:
+        if not line.strip():
+            break
+        block.append(line.removeprefix("   "))
+    return "\n".join(block).replace("\\\n", "").splitlines()
 
 
-def test_documented_setup_makes_every_secret_and_the_policy_loads(tmp_path: Path) -> None:
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    script = "set -eu\n" + _setup_commands()
-    done = subprocess.run(
-        ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    # Where compose would mount each secret from, rebased onto the temporary checkout.
+def _local(command: str, root: Path) -> tuple[str, Path]:
+    """A documented command as this machine runs it without Docker: `docker compose run --rm
+    kvfence ARGS` is `kvfence ARGS` in the folder the service mounts as its working directory;
+    anything else runs as written in the checkout's root."""
+    words = shlex.split(command)
+    if words[:4] != ["docker", "compose", "run", "--rm"]:
+        return command, root
+    assert words[4] == TOOLS, command
+    tools = SERVICES[TOOLS]
+    folder = _volumes(tools)[tools["working_dir"]]
+    kvfence = f"{shlex.quote(sys.executable)} -m kvfence.cli"
+    return f"{kvfence} {shlex.join(words[5:])}", root / folder
+
+
+def _run_instructions(first: str, root: Path) -> str:
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": str(root),
+        "PYTHONPATH": str(ROOT),
+    }
+    out = []
+    for command in _instructions(first):
+        if command.startswith(("docker compose build", "docker compose up", "curl ")):
+            continue  # needs the engine (or the running stack): checked by `config` below
+        local, cwd = _local(command, root)
+        done = subprocess.run(
+            ["bash", "-c", f"set -eu\n{local}"], cwd=cwd, env=env,
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, f"{command}\n{done.stderr}"
+        out.append(done.stdout)
+    return "".join(out)
+
+
+def _host_policy(root: Path) -> Path:
+    """policies/compose.yaml with every mounted path rebased onto `root`, as the gateway sees
+    it inside its container."""
+    text = POLICY_FILE.read_text()
+    gateway = SERVICES["gateway"]
+    for mount, name in _secret_mounts(gateway).items():
+        text = text.replace(mount + "}", f"{root / COMPOSE['secrets'][name]['file']}}}")
+    for target, source in _volumes(gateway).items():
+        if target.startswith("/var/lib/kvfence/") or target == "/etc/kvfence/tenants":
+            text = text.replace(target + "/", f"{root / source}/")
+    unmounted = [f for f in _secret_refs(yaml.safe_load(text), "file") if f.startswith("/run")]
+    assert unmounted == [], "the policy names a secret compose does not declare"
+    local = root / "policy.yaml"
+    local.write_text(text)
+    return local
+
+
+def test_documented_setup_runs_as_written_and_the_gateway_accepts_its_keys(
+    tmp_path: Path,
+) -> None:
+    printed = _run_instructions("printf 'KVFENCE_UID", tmp_path)
+    env_file = dict(line.split("=", 1) for line in (tmp_path / ".env").read_text().split())
+    assert env_file == {"KVFENCE_UID": str(os.getuid()), "KVFENCE_GID": str(os.getgid())}
     files = {n: tmp_path / s["file"] for n, s in COMPOSE["secrets"].items()}
+    assert (tmp_path / ".kvfence" / "compose").stat().st_mode & 0o077 == 0
     for name, path in files.items():
         assert path.is_file(), f"the documented setup does not create secret {name}"
-        assert path.stat().st_mode & 0o077 == 0, f"secret {name} is readable by others"
+        if not name.endswith("_trust"):  # trust files hold public keys
+            assert path.stat().st_mode & 0o077 == 0, f"secret {name} is readable by others"
     keyfile = importlib.import_module("kvfence.keyfile")
     keyfile.load_private_key(files["gateway_signing_key"])
     keyfile.load_private_key(files["backend_signing_key"])
     gateway_trust = keyfile.TrustStore.from_file(files["gateway_trust"])
-
-    load_policy = importlib.import_module("gateway.policy.load").load_policy
     # The backend signs attestations under its key file's stem; the gateway must trust that id.
     backend_args = [str(a) for a in SERVICES["backend"]["command"]]
     attestation_key_id = Path(_option(backend_args, "--signing-key")).stem
     assert attestation_key_id in keyfile.TrustStore.from_file(files["backend_trust"])
 
-    text = POLICY_FILE.read_text()
-    for mount, name in _secret_mounts(SERVICES["gateway"]).items():
-        text = text.replace(mount + "}", f"{files[name]}}}")
-    unmounted = [f for f in _secret_refs(yaml.safe_load(text), "file") if SECRETS_DIR in f]
-    assert unmounted == [], "the policy names a secret compose does not declare"
-    local = tmp_path / "policy.yaml"
-    local.write_text(text)
-    policy = load_policy(local)
+    policy = importlib.import_module("gateway.policy.load").load_policy(_host_policy(tmp_path))
     assert policy.gateway.handle_key is not None
     assert policy.gateway.handle_key.id in gateway_trust, "the backend would refuse every handle"
     assert {b.kind for b in policy.backends} == {"kvfence", "vllm"}
+    assert policy.gateway.audit_log is not None and policy.gateway.admin.token is not None
+    # The keys `keys new` printed are the tenants' keys.
+    runtime = importlib.import_module("gateway.policy.runtime").Runtime(policy)
+    keys = re.findall(r"^  (kvf_\w+)$", printed, re.M)
+    assert [runtime.tenant_for_key(k).id for k in keys] == ["acme", "globex"]
+
+
+async def test_documented_audit_verify_checks_both_workers_chains(tmp_path: Path) -> None:
+    _run_instructions("printf 'KVFENCE_UID", tmp_path)
+    policy = importlib.import_module("gateway.policy.load").load_policy(_host_policy(tmp_path))
+    audit = policy.gateway.audit_log
+    log_module = importlib.import_module("gateway.audit.sink")
+    for worker in (1, 2):  # what `--workers 2` in the gateway's command writes
+        log = log_module.open_log(audit, worker)
+        await log.append({"request_id": f"r{worker}", "verdict": "clean"})
+        await log.close()
+    out = await asyncio.to_thread(
+        _run_instructions, "docker compose run --rm kvfence audit", tmp_path
+    )
+    assert "ok: 2 of 2 chains intact; verdicts: clean 2" in out
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")

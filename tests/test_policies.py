@@ -31,7 +31,8 @@ def test_the_sidecar_policy_loads_with_verification_on(
     (state / "audit").mkdir(parents=True)
     for tenant in ("acme", "globex"):
         digest = key_digest(SECRETS["KVFENCE_PEPPER"].encode(), mint_key())
-        (state / f"{tenant}.digests").write_text(digest + "\n")
+        (state / "tenants").mkdir(exist_ok=True)
+        (state / "tenants" / f"{tenant}.digests").write_text(digest + "\n")
     policy = load_policy(policies / "sidecar-vllm.yaml")
     [vllm] = policy.backends
     assert vllm.verify is not None and vllm.verify.canary is not None

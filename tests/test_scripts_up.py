@@ -3,6 +3,8 @@ works as printed. (The clone reuses this checkout's installed .venv instead of i
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shutil
@@ -10,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -38,22 +41,58 @@ def _printed_curl(output: str) -> str:
     return match.group(1)
 
 
-@pytest.mark.slow
-def test_scripts_up_from_a_fresh_clone(tmp_path: Path) -> None:
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _clone(tmp_path: Path) -> Path:
     if not (ROOT / ".git").exists() or shutil.which("git") is None:
         pytest.fail("this test needs the project's git checkout")
-    for port in (8080, 8000):
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                pytest.fail(f"port {port} is taken; scripts/up serves the demo there")
     clone = tmp_path / "kvfence"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     (clone / ".venv").symlink_to(ROOT / ".venv")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVFENCE_")}
+    return clone
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("KVFENCE_")}
+
+
+def test_scripts_up_names_a_busy_port_before_starting_anything(tmp_path: Path) -> None:
+    clone = _clone(tmp_path)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.Popen(
+            ["bash", "scripts/up", "--backend-port", str(port), "--port", str(_free_port()),
+             "--admin-port", str(_free_port())],
+            cwd=clone, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            stdout, stderr = proc.communicate(timeout=120)
+        finally:  # whatever it started goes too, should it have started anything
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    assert done.returncode == 2, done.stdout + done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert f"127.0.0.1:{port} is already in use" in line
+    assert "choose another: scripts/up --backend-port N" in line
+    assert "starting" not in done.stdout and not (clone / ".kvfence" / "logs").exists()
+
+
+@pytest.mark.slow
+def test_scripts_up_from_a_fresh_clone(tmp_path: Path) -> None:
+    clone = _clone(tmp_path)
+    ports = {"--port": _free_port(), "--admin-port": _free_port(), "--backend-port": _free_port()}
     proc = subprocess.Popen(
-        ["bash", "scripts/up"],
+        ["bash", "scripts/up", *[arg for k, v in ports.items() for arg in (k, str(v))]],
         cwd=clone,
-        env=env,
+        env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -65,6 +104,10 @@ def test_scripts_up_from_a_fresh_clone(tmp_path: Path) -> None:
         assert oct(state.stat().st_mode & 0o777) == "0o700"
         assert oct((state / "demo.json").stat().st_mode & 0o777) == "0o600"
         curl = _printed_curl(output)
+        assert f"http://127.0.0.1:{ports['--port']}/v1/chat/completions" in curl
+        admin = f"http://127.0.0.1:{ports['--admin-port']}/status"
+        with urllib.request.urlopen(admin, timeout=10) as resp:
+            assert json.loads(resp.read())["ready"] is True
         answer = subprocess.run(
             ["bash", "-c", curl], capture_output=True, text=True, timeout=120, check=True
         ).stdout
@@ -81,6 +124,6 @@ def test_scripts_up_from_a_fresh_clone(tmp_path: Path) -> None:
         finally:
             if proc.stdout is not None:
                 proc.stdout.close()
-    for port in (8080, 8000):  # Ctrl-C stopped both servers
+    for port in ports.values():  # Ctrl-C stopped both servers, and they were on these ports
         with socket.socket() as sock:
             assert sock.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still answers"

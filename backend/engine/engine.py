@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backend.engine.block_pool import BlockPool
-from backend.engine.plan import Runner, SamplingParams
+from backend.engine.plan import PrefillPolicy, Runner, SamplingParams
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import (
     FinishReason,
@@ -40,6 +40,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_step_tokens: int = 512
     max_share: float = 1.0  # the largest share of the pool any capacity group may hold
+    prefill_policy: PrefillPolicy = "fill"  # see backend.engine.plan.PrefillPolicy
     zero_on_reuse: bool = True  # zero a block before another namespace writes it
 
     def __post_init__(self) -> None:
@@ -75,6 +76,7 @@ class EngineStats:
     waiting: int  # queue depth
     running: int
     namespace_blocks: Mapping[str, int]  # keyed by namespace label (`namespace_label`)
+    group_blocks: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (held, floor)
 
 
 class Engine:
@@ -97,6 +99,7 @@ class Engine:
             self._pool,
             max_num_seqs=config.max_num_seqs,
             max_step_tokens=config.max_step_tokens,
+            prefill_policy=config.prefill_policy,
         )
         self._ids = itertools.count(1)
         self._prompt_tokens = 0
@@ -194,4 +197,5 @@ class Engine:
             waiting=self._scheduler.num_waiting,
             running=self._scheduler.num_running,
             namespace_blocks={ns.label: n for ns, n in pool.held().items()},
+            group_blocks={g: (n, pool.groups.floor(g)) for g, n in pool.groups.held.items()},
         )

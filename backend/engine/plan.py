@@ -7,7 +7,15 @@ Invariant: a chunk's block table covers every position the chunk reads or writes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
+
+# How a step's token budget is spent on prompts after the decodes (which always go first):
+# "fill" splits the next prompt to use the whole budget; "whole" starts a prompt in a step only
+# when it completes there, unless the step has no prompt yet (so a long prompt is still chunked
+# and every step makes progress). For equal prompts "whole" finishes each prompt one step earlier
+# than "fill" does, so first tokens arrive sooner; with short prompts both pack a step alike.
+PrefillPolicy = Literal["fill", "whole"]
+PREFILL_POLICIES: tuple[PrefillPolicy, ...] = ("fill", "whole")
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import itertools
 from collections import deque
 
 from backend.engine.block_pool import AllocationError, BlockPool, QuotaExceededError
-from backend.engine.plan import Chunk, StepPlan
+from backend.engine.plan import PREFILL_POLICIES, Chunk, PrefillPolicy, StepPlan
 from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
 from backend.errors import ContextLengthExceeded
 from kvfence.capability import Namespace
@@ -28,10 +28,14 @@ class Scheduler:
         *,
         max_num_seqs: int,
         max_step_tokens: int,
+        prefill_policy: PrefillPolicy = "fill",
     ) -> None:
+        if prefill_policy not in PREFILL_POLICIES:
+            raise ValueError(f"unknown prefill policy {prefill_policy!r}")
         self.pool = pool
         self.max_num_seqs = max_num_seqs
         self.max_step_tokens = max_step_tokens
+        self.prefill_policy = prefill_policy
         self._bs = pool.block_size
         self._seqs: dict[int, Sequence] = {}
         self._waiting: deque[Sequence] = deque()
@@ -67,13 +71,19 @@ class Scheduler:
         budget = self.max_step_tokens
         chunks: list[Chunk] = []
         preempted = False
+        # Decodes first: a prompt still being prefilled leaves a token for every decode.
+        decodes = sum(
+            self._seqs[i].num_tokens - self._seqs[i].num_computed == 1 for i in self._running
+        )
         for seq_id in list(self._running):
             seq = self._seqs[seq_id]
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(seq.num_tokens - seq.num_computed, budget)
+            decoding = seq.num_tokens - seq.num_computed == 1
+            decodes -= decoding
+            n = self._take(seq, budget - (0 if decoding else decodes), chunks)
             if n == 0:
-                break
+                continue
             if not self._reserve(seq, n):
                 preempted = True
                 continue
@@ -85,6 +95,16 @@ class Scheduler:
         # Blocks a request-scoped namespace left are zeroed at once, with or without work.
         zero = self.pool.take_zero_blocks() if chunks else ()
         return StepPlan(tuple(chunks), zero + self.pool.take_scrub_blocks())
+
+    def _take(self, seq: Sequence, budget: int, chunks: list[Chunk]) -> int:
+        """How many of seq's uncomputed tokens this step runs (0: none this step)."""
+        left = seq.num_tokens - seq.num_computed
+        if budget <= 0:
+            return 0
+        if left <= budget or self.prefill_policy == "fill":
+            return min(left, budget)
+        # "whole": a prompt that does not fit is split only into a step with no prompt yet.
+        return budget if all(len(c.token_ids) == 1 for c in chunks) else 0
 
     def _chunk(self, seq: Sequence, n: int) -> Chunk:
         start = seq.num_computed
@@ -146,7 +166,10 @@ class Scheduler:
                 return
             if not seq.block_table:
                 self._apply_hits(seq)
-            n = min(seq.num_tokens - seq.num_computed, budget)
+            n = self._take(seq, budget, chunks)
+            if n == 0:
+                self._release_all(seq)
+                return  # waiting prompts keep their order
             try:
                 self._grow(seq, n)
             except AllocationError as err:

@@ -71,9 +71,8 @@ class Llama:
         self.dtype = layers[0].qkv.dtype
         # A float32 [V, H] product is 4x slower than bfloat16 at batch 8 on the CPU: project in
         # the model dtype, then recompute the few top candidates exactly.
-        self._head_fast = (
-            None if self.dtype == torch.float32 else Projection(self.lm_head.to(self.dtype))
-        )
+        self._head = Projection(self.lm_head.to(self.dtype))
+        self._refine = self.dtype != torch.float32
         self._proj = [
             _LayerProjections(
                 Projection(w.qkv), Projection(w.o), Projection(w.gate_up), Projection(w.down)
@@ -125,9 +124,9 @@ class Llama:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, H] fp32 final hidden states -> [N, V] fp32; the top REFINE_K are exact."""
-        if self._head_fast is None:
-            return F.linear(x, self.lm_head)
-        approx = self._head_fast(x.to(self.dtype)).float()
+        if not self._refine:
+            return self._head(x)
+        approx = self._head(x.to(self.dtype)).float()
         top = approx.topk(min(REFINE_K, approx.shape[-1]), dim=-1).indices  # [N, K]
         exact = (self.lm_head[top] * x.unsqueeze(1)).sum(dim=-1)  # [N, K], per-row sums
         return approx.scatter_(1, top, exact)

@@ -21,7 +21,8 @@ PROXIED_PATHS: Final = frozenset({CHAT, COMPLETIONS, RESPONSES})
 
 class Adapter(ABC):
     """Scopes requests for one backend. Subclasses set `kind`, and `scoped = False` when the
-    backend cannot partition its cache (the policy then needs `allow_unscoped: true`)."""
+    backend cannot partition its cache (the policy then needs `allow_unscoped: true`);
+    `health_path` where the server says whether it is up."""
 
     kind: ClassVar[str]
     scoped: ClassVar[bool] = True
@@ -29,6 +30,8 @@ class Adapter(ABC):
     # Whether the backend can cache a prompt's leading part in a public namespace and the rest in
     # the tenant's (kvfence's handles can; a single cache salt per request cannot).
     splits_public: ClassVar[bool] = False
+    # What `gateway.liveness` checks: any answer below 500 means the server is up.
+    health_path: ClassVar[str] = "/health"
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend

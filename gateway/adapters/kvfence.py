@@ -25,6 +25,7 @@ class KvfenceAdapter(Adapter):
     kind = "kvfence"
     paths = frozenset({CHAT, COMPLETIONS})
     splits_public = True
+    health_path = "/readyz"  # 503 while the model loads
 
     def __init__(
         self, backend: Backend, signer: HandleSigner | None = None, ttl_s: float = 60.0

@@ -27,3 +27,4 @@ class LlamacppAdapter(UnscopedAdapter):
 
 class OpenaiAdapter(UnscopedAdapter):
     kind = "openai"
+    health_path = "/v1/models"  # hosted APIs have no /health; a 401 here still means up

@@ -18,6 +18,7 @@ from gateway.audit.judge import Answer, AuditContext, Judgement, record
 from gateway.audit.log import AuditWriteError
 from gateway.audit.sink import AUDIT_SINK
 from gateway.errors import AttestationRefused, AuditWriteFailed, error_body
+from gateway.metrics import Metrics
 from gateway.state import (
     METRICS,
     NAMESPACE,
@@ -54,6 +55,18 @@ def audit_context(request: web.Request) -> AuditContext:
     )
 
 
+def _count(metrics: Metrics, ctx: AuditContext, answer: Answer, judgement: Judgement) -> None:
+    """The verdict, and the tokens the answer reported, per tenant and model."""
+    metrics.child(metrics.verdicts, ctx.backend.name, judgement.verdict.value).inc()
+    prompt, cached, total = answer.prompt_tokens, answer.cached_tokens, answer.total_tokens
+    if prompt:
+        metrics.child(metrics.prompt_tokens, ctx.tenant, ctx.model).inc(prompt)
+    if cached:
+        metrics.child(metrics.cached_tokens, ctx.tenant, ctx.model).inc(cached)
+    if total and prompt is not None and total > prompt:
+        metrics.child(metrics.completion_tokens, ctx.tenant, ctx.model).inc(total - prompt)
+
+
 async def settle(
     request: web.Request,
     ctx: AuditContext,
@@ -77,10 +90,7 @@ async def settle(
     final_status = answer.status if status is None else status
     if answer.total_tokens:
         request[USED_TOKENS] = answer.total_tokens
-    metrics = request.app[METRICS]
-    metrics.child(metrics.verdicts, ctx.backend.name, judgement.verdict.value).inc()
-    if answer.cached_tokens:
-        metrics.child(metrics.cached_tokens, ctx.tenant).inc(answer.cached_tokens)
+    _count(request.app[METRICS], ctx, answer, judgement)
     entry = record(ctx, answer, judgement, final_status, reason)
     if judgement.verdict not in _QUIET:
         log.warning("audit verdict", extra={"rid": ctx.request_id, **entry})
@@ -88,7 +98,7 @@ async def settle(
     try:
         await request.app[AUDIT_SINK].append(settings, entry)
     except AuditWriteError as exc:
-        metrics.audit_failures.inc()
+        request.app[METRICS].audit_failures.inc()
         log.error("audit write failed", extra={"rid": ctx.request_id, "error": str(exc)})
         raise AuditWriteFailed("the audit record could not be written") from None
     if judgement.verdict is Verdict.VIOLATION and ctx.verifier is None:

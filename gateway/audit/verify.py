@@ -9,7 +9,9 @@ the chain reaches its checkpoint and its anchor; otherwise it raises `AuditVerif
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,7 @@ class FileSummary:
     recoveries: int
     sealed: bool
     origin: bool  # this file starts the chain (its header follows nothing)
+    verdicts: Mapping[str, int] = field(default_factory=dict)  # records per verdict
 
 
 def _entries(path: Path) -> list[dict[str, Any]]:
@@ -119,6 +122,7 @@ def verify_file(path: Path, key: bytes, prev: FileSummary | None = None) -> File
         recoveries=kinds.count("recovery"),
         sealed=kinds[-1] == "seal",
         origin=header["prev_tag"] == GENESIS and not header.get("prev_file_id") and first == 0,
+        verdicts=Counter(str(e.get("verdict")) for e in entries if e.get("kind") == "record"),
     )
 
 

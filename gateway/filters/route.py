@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.errors import BackendQuarantined, BadRequest, Forbidden, NotSupported
+from gateway.errors import BackendQuarantined, BadRequest, ModelNotFound, NotSupported
 from gateway.state import BODY, ROUTE, RUNTIME, TENANT, VERIFY
 
 
@@ -21,7 +21,7 @@ async def choose_route(request: web.Request) -> None:
     routes = runtime.routes.get(model)
     # Unknown and forbidden models answer alike, so a tenant learns nothing about others' models.
     if routes is None or model not in runtime.allowed[request[TENANT].id]:
-        raise Forbidden(f"model {model!r} is not available to this tenant")
+        raise ModelNotFound(model)
     serving = [r for r in routes if request.path in r.adapter.paths]
     if not serving:
         raise NotSupported(f"{request.path} is not available for model {model!r}")

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 
+import yaml
+
 from gateway.adapters.registry import ADAPTERS
 from gateway.filters.fields import extra_field_problem
 from gateway.policy.keys import read_trust
@@ -23,7 +25,7 @@ _F = frozenset
 _BACKEND_REQ = _F({"name", "kind", "url", "models"})
 _BACKEND_OPT = _F(
     {"allow_unscoped", "api_key", "audience", "audit", "attestation_keys", "extra_fields"}
-    | {"verify"}
+    | {"verify", "required"}
 )
 _KVFENCE_ONLY = _F({"audience", "attestation_keys"})
 _VERIFIABLE = _F({"vllm", "sglang", "trtllm", "dynamo"})  # scoped kinds that do not attest
@@ -100,7 +102,28 @@ def _backend(
         audit=AuditMode(f["audit"].choice(tuple(AuditMode))) if "audit" in f else AuditMode.ENFORCE,
         verify=_verify(f, kind, base),
         extra_fields=extra,
+        required=f["required"].boolean() if "required" in f else True,
     )
+
+
+def named_models(node: Node) -> set[str]:
+    """Every model name the backends list mentions, read leniently (also from backends that
+    failed to load): a tenant naming one of those gets no second, misleading error."""
+    names: set[str] = set()
+    items = node.node.value if isinstance(node.node, yaml.SequenceNode) else []
+    for item in items:
+        models = _raw_value(item, "models")
+        for model in models.value if isinstance(models, yaml.SequenceNode) else []:
+            name = _raw_value(model, "name")
+            if isinstance(name, yaml.ScalarNode):
+                names.add(str(name.value))
+    return names
+
+
+def _raw_value(node: yaml.Node, key: str) -> yaml.Node | None:
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    return next((v for k, v in node.value if getattr(k, "value", None) == key), None)
 
 
 def read_backends(node: Node, env: Mapping[str, str], base: Path) -> tuple[Backend, ...]:

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
+import yaml
+
 from gateway.policy.model import AuditLogSettings, FsyncMode, HandleKey, SecretRef
 from gateway.policy.node import Node
 from gateway.policy.secrets import read_ref, resolve
@@ -19,14 +21,19 @@ from kvfence.keyfile import KEY_ID_RE, KeyFileError, TrustStore, load_private_ke
 _F = frozenset
 _AUDIT_REQ: Final = _F({"path", "key"})
 _AUDIT_OPT: Final = _F({"fsync", "batch_max_records", "batch_max_ms", "rotate_bytes", "anchor"})
+_FILE_ONLY: Final = (
+    "must be {file: PATH} (relative to the policy's folder): key material is read from a file"
+)
 MIN_AUDIT_KEY_BYTES: Final = 16
 MAX_HANDLE_TTL_S: Final = 300.0  # the backend's verifier refuses longer lifetimes
 
 
 def _file_ref(node: Node, base: Path) -> tuple[SecretRef, Path]:
+    if not isinstance(node.node, yaml.MappingNode):
+        node.fail(_FILE_ONLY)
     ref = read_ref(node)
     if ref.source != "file":
-        node.fail("must be {file: PATH}: key material is read from a file")
+        node.fail(_FILE_ONLY)
     return ref, base / ref.name
 
 

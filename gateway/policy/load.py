@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from gateway.policy.backends import read_backends
+from gateway.policy.backends import named_models, read_backends
 from gateway.policy.keys import read_audit_log, read_handle_key, read_handle_ttl
 from gateway.policy.model import (
     AdminSettings,
@@ -186,10 +186,11 @@ def parse_policy(
     settings = guarded(lambda: _gateway(fields["gateway"], env, base))
     backends = read_backends(fields["backends"], env, base)
     served = {m.name for b in backends for m in b.models}
-    tenants = read_tenants(fields["tenants"], served, base)
+    unread = named_models(fields["backends"]) - served
+    tenants = read_tenants(fields["tenants"], served, base, unread)
     public = PublicSettings()
     if "public" in fields:
-        public = guarded(lambda: read_public(fields["public"], served, base)) or public
+        public = guarded(lambda: read_public(fields["public"], served | unread, base)) or public
     if errors.lines or version is None or settings is None:
         raise PolicyError(errors.lines)
     return Policy(source, version, settings, backends, tenants, public)

@@ -220,6 +220,7 @@ class Backend:
     audit: AuditMode = AuditMode.ENFORCE  # what a verdict other than clean/verified does
     verify: VerifySettings | None = None  # external scoped kinds: canaries and detective audit
     extra_fields: frozenset[str] = frozenset()  # body fields beyond OpenAI's (filters.fields)
+    required: bool = True  # /readyz answers 503 while this backend is down
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,14 +143,29 @@ def compose(text: str, source: str) -> Node:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        raise PolicyError([f"{source}:{line}: (top level): not valid YAML"]) from exc
+        raise PolicyError([yaml_error(exc, source)]) from None
     except RecursionError:  # the composer recurses once per nesting level
         raise PolicyError([f"{source}:1: (top level): nested too deeply"]) from None
     if root is None:
         raise PolicyError([f"{source}:1: (top level): the policy is empty"])
     return Node(root, "", errors)
+
+
+def yaml_error(exc: yaml.YAMLError, source: str) -> str:
+    """The parser's reason in one line, `file:line:column:` first (editors jump there), with
+    where the construct it was reading started."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{mark.line + 1}:{mark.column + 1}" if mark is not None else "1:1"
+    problem = getattr(exc, "problem", None) or "not parseable"
+    text = f"{source}:{where}: not valid YAML: {problem}"
+    if "'\\t'" in problem:
+        text += " (YAML indents with spaces, never tabs)"
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start is not None:
+        text += f" ({context} that starts at line {start.line + 1}, column {start.column + 1})"
+    elif context:
+        text += f" ({context})"
+    return text
 
 
 def guarded(read: Callable[[], T]) -> T | None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+import yaml
+
 from gateway.policy.model import Secret, SecretRef
 from gateway.policy.node import Node
 from kvfence.secrets import SecretError, from_env, from_file
@@ -15,10 +17,18 @@ from kvfence.secrets import SecretError, from_env, from_file
 _KEYS = frozenset({"env", "file"})
 
 
+FORMS = (
+    "must be {env: NAME} (an environment variable) or {file: PATH} (a file, relative to the "
+    "policy's folder); secrets are never written inline"
+)
+
+
 def read_ref(node: Node) -> SecretRef:
+    if not isinstance(node.node, yaml.MappingNode):
+        node.fail(FORMS)
     fields = node.mapping(frozenset(), _KEYS)
     if len(fields) != 1:
-        node.fail("must be {env: NAME} or {file: PATH}; secrets are never written inline")
+        node.fail(FORMS)
     ((source, value),) = fields.items()
     return SecretRef(source, value.text())
 

@@ -16,11 +16,10 @@ from gateway.filters.sanitize import is_scoping_header
 from gateway.policy.model import Scope, Tenant, TenantCache, TenantLimits, TenantPublic
 from gateway.policy.node import Node, unique_items
 from gateway.policy.public import read_tenant_public
-from kvfence.apikey import is_digest
+from kvfence.apikey import TENANT_ID_RE, is_digest
 
 _F = frozenset
 _TENANT_REQ = _F({"id", "api_keys", "scope", "models"})
-_TENANT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _HEADER_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 
 
@@ -36,7 +35,9 @@ def _key_digests(node: Node, base: Path) -> list[tuple[Node, str]]:
     return [(node, line.strip()) for line in lines if line.strip() and not line.startswith("#")]
 
 
-def _tenant(item: Node, served: set[str], digests: set[str], base: Path) -> Tenant:
+def _tenant(
+    item: Node, served: set[str], unread: set[str], digests: set[str], base: Path
+) -> Tenant:
     f = item.mapping(_TENANT_REQ, _F({"scope_header", "limits", "cache", "public"}))
     scope = Scope(f["scope"].choice(tuple(s.value for s in Scope)))
     keys = []
@@ -51,7 +52,7 @@ def _tenant(item: Node, served: set[str], digests: set[str], base: Path) -> Tena
     models = []
     for model_node in f["models"].items():
         name = model_node.text()
-        if name not in served:
+        if name not in served and name not in unread:
             model_node.fail(f"no backend serves model {name}")
         models.append(name)
     header = None
@@ -68,7 +69,14 @@ def _tenant(item: Node, served: set[str], digests: set[str], base: Path) -> Tena
     else:
         public = TenantPublic(declared=scope is not Scope.REQUEST)
     return Tenant(
-        f["id"].text(_TENANT_RE), tuple(keys), scope, tuple(models), header, limits, cache, public
+        f["id"].text(TENANT_ID_RE, "of [A-Za-z0-9._-], at most 64"),
+        tuple(keys),
+        scope,
+        tuple(models),
+        header,
+        limits,
+        cache,
+        public,
     )
 
 
@@ -93,7 +101,10 @@ def _limits(node: Node) -> TenantLimits:
     )
 
 
-def read_tenants(node: Node, served: set[str], base: Path) -> tuple[Tenant, ...]:
+def read_tenants(
+    node: Node, served: set[str], base: Path, unread: set[str] | None = None
+) -> tuple[Tenant, ...]:
+    """`unread`: models of backends that failed to load (their error is already reported)."""
     digests: set[str] = set()
-    read = partial(_tenant, served=served, digests=digests, base=base)
+    read = partial(_tenant, served=served, unread=unread or set(), digests=digests, base=base)
     return unique_items(node, read, lambda t: t.id, "tenant id")

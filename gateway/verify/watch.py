@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 
 from aiohttp import web
-from kvfence.probe.errors import ProbeError
 
 from gateway.audit.log import AuditWriteError
 from gateway.audit.sink import AUDIT_SINK
@@ -26,6 +25,7 @@ from gateway.verify import quarantine
 from gateway.verify.canary import Outcome, Result, run_round
 from gateway.verify.health import Health
 from kvfence.namespace import NamespaceKey
+from kvfence.probe.errors import ProbeError
 
 log = logging.getLogger("kvfence.gateway.verify")
 TICK_S = 1.0

@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from backend.engine.block_pool import IntegrityError
 from backend.engine.engine import Engine, EngineConfig, StepOutput
-from backend.engine.plan import SamplingParams
+from backend.engine.plan import PrefillPolicy, SamplingParams
 from backend.errors import ContextLengthExceeded
 from kvfence.capability import Namespace, _mint
 from tests.backend.fake_runner import FakeRunner
@@ -150,6 +150,8 @@ def test_stats_report_namespaces_by_digest() -> None:
     stats = engine.stats()
     assert stats.namespace_blocks == {A.label: 2, B.label: 3}  # A's full blocks stay cached
     assert (stats.blocks_used, stats.blocks_cached, stats.blocks_free) == (3, 2, 11)
+    held = {group: n for group, (n, _floor) in stats.group_blocks.items()}
+    assert held == {A.group: 2, B.group: 3}  # one capacity group per tenant
 
 
 def test_bad_requests_are_refused() -> None:
@@ -172,10 +174,16 @@ PROMPTS = [[1000 + i, *range(i, i + n)] for i, n in enumerate([3, 7, 8, 11, 13])
 class EngineMachine(RuleBasedStateMachine):
     """Random add / step / abort / finish / flush across three namespaces."""
 
+    policy: PrefillPolicy = "fill"
+
     def __init__(self) -> None:
         super().__init__()
         self.engine, self.runner = make_engine(
-            num_blocks=MACHINE_BLOCKS, max_num_seqs=4, max_step_tokens=10, max_share=0.6
+            num_blocks=MACHINE_BLOCKS,
+            max_num_seqs=4,
+            max_step_tokens=10,
+            max_share=0.6,
+            prefill_policy=self.policy,
         )
         self.live: dict[int, tuple[Namespace, list[int], int]] = {}
         self.generated: dict[int, list[int]] = {}
@@ -235,5 +243,13 @@ class EngineMachine(RuleBasedStateMachine):
         assert stats.waiting + stats.running == len(self.live)
 
 
+class WholePromptEngineMachine(EngineMachine):
+    """The same properties when prompts that fit a step are never split."""
+
+    policy: PrefillPolicy = "whole"
+
+
 EngineMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=50, deadline=None)
+WholePromptEngineMachine.TestCase.settings = EngineMachine.TestCase.settings
 TestEngineMachine = EngineMachine.TestCase
+TestWholePromptEngineMachine = WholePromptEngineMachine.TestCase

@@ -93,9 +93,12 @@ def test_auto_device_follows_cuda_availability(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_dtype_choice() -> None:
-    assert pick_dtype(None, torch.device("cpu")) == torch.bfloat16
-    assert pick_dtype(None, torch.device("cuda")) == torch.bfloat16
-    assert pick_dtype("float32", torch.device("cpu")) == torch.float32
+    assert pick_dtype("float32", torch.device("cpu")).dtype == torch.float32
+    assert pick_dtype("bfloat16", torch.device("cpu")).dtype == torch.bfloat16
+    auto = pick_dtype(None, torch.device("cpu"))
+    assert auto.dtype in (torch.float32, torch.bfloat16)
+    assert auto.reason.startswith("auto: ")
+    assert pick_dtype("auto", torch.device("cpu")) == auto
     with pytest.raises(ModelLoadError, match="unknown dtype"):
         pick_dtype("int3", torch.device("cpu"))
 

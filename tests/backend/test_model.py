@@ -61,15 +61,20 @@ def test_dense_forward_gives_the_reference_answer(smollm2: LoadedModel) -> None:
     assert tok.decode(ids[-8:]).startswith("The capital of France is Paris.")
 
 
-def test_projection_rows_do_not_depend_on_batch_mates() -> None:
-    """Whatever layout a bfloat16 weight is kept in, a row's product is F.linear's, alone or
-    batched (the batched == one-at-a-time guarantee rests on this)."""
-    dtype = torch.bfloat16
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_projection_rows_do_not_depend_on_batch_mates(dtype: torch.dtype) -> None:
+    """Whatever layout a weight is kept in, a row's product is the same alone, in a decode
+    batch or in a prefill chunk, and it is F.linear's (the batched == one-at-a-time guarantee
+    rests on this)."""
     gen = torch.Generator().manual_seed(1)
     weight = torch.randn(96, 160, generator=gen).to(dtype)
-    x = torch.randn(9, 160, generator=gen).to(dtype)
+    x = torch.randn(300, 160, generator=gen).to(dtype)
     proj = Projection(weight)
     batched = proj(x)
-    assert torch.equal(batched, F.linear(x, weight))
-    for i in range(x.shape[0]):
+    torch.testing.assert_close(batched, F.linear(x, weight), rtol=1e-4, atol=1e-4)
+    if dtype == torch.bfloat16:
+        assert torch.equal(batched, F.linear(x, weight))
+    for rows in (1, 2, 9, 64):
+        assert torch.equal(proj(x[:rows]), batched[:rows])
+    for i in range(9):
         assert torch.equal(proj(x[i : i + 1]), batched[i : i + 1])

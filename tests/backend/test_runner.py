@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from backend.engine.plan import Chunk, SamplingParams, StepPlan
-from backend.model import LoadedModel
+from backend.model import LoadedModel, linear, load_model
 from backend.runner import ModelRunner
+from tests.conftest import TEST_DEVICE
 
 GREEDY = SamplingParams(max_tokens=64, temperature=0.0)
 BS = 4  # small blocks so short prompts span several
@@ -251,3 +252,26 @@ def test_prefix_reuse_gives_the_same_next_token(smollm2: LoadedModel) -> None:
     reused_table = [*range(full), 15]  # shared prefix blocks, a fresh block for the tail
     reused = runner.execute(StepPlan((prefill(1, ids, reused_table, start=full * 16),)))
     assert reused[1] == whole[0]
+
+
+@pytest.fixture(scope="module")
+def float32_reference() -> LoadedModel:
+    """SmolLM2 in float32 through plain F.linear (no prepacked kernel): the reference."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(linear, "_packable", lambda weight: False)
+        return load_model("smollm2", device=str(TEST_DEVICE), dtype="float32")
+
+
+@pytest.mark.slow
+def test_greedy_answers_equal_the_float32_reference(
+    smollm2: LoadedModel, float32_reference: LoadedModel
+) -> None:
+    """Whatever dtype `auto` picked on this host, the paged, batched runner writes the same
+    greedy tokens as the plain float32 model on the fixed prompts."""
+    prompts = [chat_ids(smollm2, q) for q in BATCH_QUESTIONS]
+    expected = [dense_greedy(float32_reference, p, 24) for p in prompts]
+    runner = ModelRunner(smollm2, num_blocks=64, block_size=16)
+    assert generate(runner, prompts, tables_for(prompts, 24, 16), 24) == expected
+    assert float32_reference.tokenizer.decode(expected[0]).startswith(
+        "The capital of France is Paris."
+    )

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from backend.engine.block_pool import BlockPool
-from backend.engine.plan import SamplingParams, StepPlan
+from backend.engine.plan import PrefillPolicy, SamplingParams, StepPlan
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence, SequenceStatus
 from backend.errors import ContextLengthExceeded
@@ -38,9 +38,12 @@ class Harness:
         budget: int = 64,
         max_num_seqs: int = 8,
         quota: float = 1.0,
+        policy: PrefillPolicy = "fill",
     ) -> None:
         self.pool = BlockPool(num_blocks, bs, max_share=quota)
-        self.sched = Scheduler(self.pool, max_num_seqs=max_num_seqs, max_step_tokens=budget)
+        self.sched = Scheduler(
+            self.pool, max_num_seqs=max_num_seqs, max_step_tokens=budget, prefill_policy=policy
+        )
         self.runner = FakeRunner(num_blocks, bs)
 
     def step(self) -> StepPlan:
@@ -168,3 +171,64 @@ def test_finish_frees_blocks_at_once() -> None:
     assert h.pool.num_used == 0 and not h.sched.has_work()
     assert not h.sched.finish(seq.seq_id, "abort")
     h.pool.check_integrity()
+
+
+def prefill_shape(plan: StepPlan) -> list[tuple[int, int]]:
+    """(seq id, tokens) of the plan's prompt chunks (decodes left out)."""
+    return [(c.seq_id, len(c.token_ids)) for c in plan.chunks if len(c.token_ids) > 1]
+
+
+def test_fill_splits_the_next_prompt_and_whole_does_not() -> None:
+    """Three 6-token prompts on an 8-token budget: "fill" starts the second prompt in the first
+    step (so the first step does more work and the first token comes later); "whole" runs one
+    prompt per step, each in one piece."""
+    shapes = {}
+    for policy in ("fill", "whole"):
+        h = Harness(num_blocks=32, budget=8, policy=policy)
+        seqs = [make_seq(A, list(range(10 * i, 10 * i + 6)), max_tokens=3) for i in range(3)]
+        for seq in seqs:
+            h.sched.add(seq)
+        a, b, c = (seq.seq_id for seq in seqs)
+        shapes[policy] = [prefill_shape(h.step()) for _ in range(3)]
+        h.run()
+        assert all(s.num_generated == 3 for s in seqs)
+        expected = {
+            "fill": [[(a, 6), (b, 2)], [(b, 4), (c, 3)], [(c, 3)]],
+            "whole": [[(a, 6)], [(b, 6)], [(c, 6)]],
+        }
+        assert shapes[policy] == expected[policy]
+
+
+def test_whole_still_chunks_a_prompt_longer_than_the_budget_and_packs_short_ones() -> None:
+    h = Harness(num_blocks=32, budget=8, policy="whole")
+    long = make_seq(A, list(range(20)), max_tokens=2)
+    short = [make_seq(B, [50 + i, 60 + i], max_tokens=2) for i in range(3)]
+    for seq in (long, *short):
+        h.sched.add(seq)
+    s0, s1, s2 = (seq.seq_id for seq in short)
+    steps = [prefill_shape(h.step()) for _ in range(4)]
+    # The long prompt is chunked; short prompts fill what it leaves, each in one piece.
+    assert steps == [
+        [(long.seq_id, 8)],
+        [(long.seq_id, 8)],
+        [(long.seq_id, 4), (s0, 2), (s1, 2)],
+        [(s2, 2)],
+    ]
+    h.run()
+    assert long.num_generated == 2 and all(s.num_generated == 2 for s in short)
+
+
+@pytest.mark.parametrize("policy", ["fill", "whole"])
+def test_a_prompt_being_prefilled_never_starves_a_decode(policy: PrefillPolicy) -> None:
+    """An older sequence still prefilling (here: added after a newer one started) leaves room
+    for the newer sequence's decode in every step."""
+    h = Harness(num_blocks=32, budget=8, policy=policy)
+    old = make_seq(A, list(range(30)), max_tokens=2)  # the smaller id: earlier in running order
+    new = make_seq(B, [90, 91], max_tokens=12)
+    h.sched.add(new)
+    h.step()
+    h.sched.add(old)
+    while old.num_generated == 0:
+        plan = h.step()
+        assert any(c.seq_id == new.seq_id and len(c.token_ids) == 1 for c in plan.chunks)
+        assert sum(len(c.token_ids) for c in plan.chunks) <= 8

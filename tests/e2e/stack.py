@@ -135,6 +135,7 @@ class Stack:
     policy: Path
     session: aiohttp.ClientSession
     gateway: web.Application
+    backend_url: str = ""
 
     @property
     def audit_log(self) -> Path:
@@ -167,7 +168,7 @@ async def running_stack(
     session = aiohttp.ClientSession()
     try:
         url = f"http://127.0.0.1:{bound_port(gateway_runner)}"
-        yield Stack(url, keys, policy, session, gateway)
+        yield Stack(url, keys, policy, session, gateway, backend_url)
     finally:
         await session.close()
         await gateway_runner.cleanup()

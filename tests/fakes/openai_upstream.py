@@ -102,6 +102,8 @@ class FakeUpstream:
     mode: str = "ok"
     split: bool = False
     received: list[Received] = field(default_factory=list)
+    health_checks: int = 0
+    unhealthy: bool = False  # GET /health answers 503
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     _runner: web.AppRunner | None = None
     url: str = ""
@@ -121,6 +123,9 @@ class FakeUpstream:
             await self._runner.cleanup()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "GET" and request.path == "/health":
+            self.health_checks += 1  # the gateway's background check: not a request to record
+            return web.Response(status=503 if self.unhealthy else 200)
         body = await request.read()
         self.received.append(
             Received(request.method, request.path, list(request.headers.items()), body)

@@ -34,6 +34,11 @@ class RawUpstream:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             head = await reader.readuntil(b"\r\n\r\n")
+            if head.startswith(b"GET "):  # the gateway's health check: healthy
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                await writer.drain()
+                writer.close()
+                return
             length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
             await reader.readexactly(length)
             self.requests += 1

@@ -51,12 +51,28 @@ async def test_two_different_keys_are_refused(gw: Gateway) -> None:
     assert resp.status == 401
 
 
-@pytest.mark.parametrize("model", ["other", "no-such-model"])
-async def test_model_not_allowed_is_403(gw: Gateway, model: str) -> None:
-    resp = await gw.chat("acme", {"model": model, "messages": MSG})
-    assert resp.status == 403
-    assert (await _error(resp))["type"] == "permission_error"
+async def test_unknown_and_forbidden_models_are_the_same_404(gw: Gateway) -> None:
+    """As OpenAI answers both: `other` exists (globex's), `no-such-model` does not; acme cannot
+    tell them apart, on the proxied paths or on GET /v1/models/{id}."""
+    answers = []
+    for model in ("other", "no-such-model"):
+        resp = await gw.chat("acme", {"model": model, "messages": MSG})
+        got = await gw.session.get(f"{gw.url}/v1/models/{model}", headers=gw.auth("acme"))
+        for r in (resp, got):
+            assert r.status == 404
+            error = await _error(r)
+            assert error["code"] == "model_not_found"
+            answers.append({**error, "message": error["message"].replace(model, "M")})
+    assert all(a == answers[0] for a in answers), answers
+    assert answers[0]["message"] == "The model `M` does not exist or you do not have access to it."
     assert gw.upstream.received == []
+
+
+async def test_a_tenant_retrieves_its_own_models(gw: Gateway) -> None:
+    resp = await gw.session.get(gw.url + "/v1/models/other", headers=gw.auth("globex"))
+    assert resp.status == 200
+    assert (await resp.json())["id"] == "other"
+    assert (await gw.session.get(gw.url + "/v1/models/other")).status == 401
 
 
 async def test_bad_bodies_are_400(gw: Gateway) -> None:
@@ -113,7 +129,8 @@ async def test_health_and_metrics(gw: Gateway) -> None:
     await gw.chat("acme", {"model": "smollm2", "messages": MSG, "cache_salt": "x"})
     text = await gw.metrics()
     assert (
-        'kvfence_gateway_requests_total{backend="fake-vllm",status="200",tenant="acme"} 1.0' in text
+        'kvfence_gateway_requests_total{backend="fake-vllm",model="smollm2",status="200",'
+        'tenant="acme"} 1.0' in text
     )
     assert 'kvfence_gateway_namespaces_injected_total{backend="fake-vllm"} 1.0' in text
     assert (

@@ -49,7 +49,7 @@ def test_keys_new_pepper_sources(
     (tmp_path / "p.yaml").write_text(policy_text("http://127.0.0.1:9"))
     assert (
         kvfence_main(
-            ["keys", "new", "--tenant", "a", "--json", "--policy", str(tmp_path / "p.yaml")]
+            ["keys", "new", "--tenant", "acme", "--json", "--policy", str(tmp_path / "p.yaml")]
         )
         == 0
     )
@@ -148,6 +148,47 @@ def test_keys_new_reads_a_policy_pepper_file_beside_the_policy(
     text = policy_text("http://127.0.0.1:9").replace("{env: PEPPER}", "{file: pepper}")
     (tmp_path / "conf" / "p.yaml").write_text(text)
     monkeypatch.chdir(tmp_path)  # the file is found beside the policy, not in the cwd
-    assert kvfence_main(["keys", "new", "--tenant", "a", "--json", "--policy", "conf/p.yaml"]) == 0
+    args = ["keys", "new", "--tenant", "acme", "--json", "--policy", "conf/p.yaml"]
+    assert kvfence_main(args) == 0
     out = orjson.loads(capsys.readouterr().out)
     assert out["digest"] == key_digest(PEPPER.encode(), out["api_key"])
+
+
+@pytest.mark.parametrize("tenant", ["acme corp", "", "x" * 65, "acme/../b", "émile"])
+def test_keys_new_refuses_a_tenant_id_the_policy_would_refuse(
+    tenant: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KVFENCE_PEPPER", PEPPER)
+    assert kvfence_main(["keys", "new", "--tenant", tenant]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""  # no key minted
+    assert out.err.count("\n") == 1
+    assert "is not valid: use 1 to 64 of A-Z a-z 0-9 . _ - (no spaces)" in out.err
+
+
+def test_keys_new_refuses_a_tenant_absent_from_the_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PEPPER", PEPPER)
+    (tmp_path / "p.yaml").write_text(policy_text("http://127.0.0.1:9"))
+    args = ["keys", "new", "--tenant", "acmee", "--policy", str(tmp_path / "p.yaml")]
+    assert kvfence_main(args) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert "tenant 'acmee' is not in" in out.err
+    assert "(its tenants: acme, globex, initech, umbrella)" in out.err
+
+
+def test_keys_new_appends_the_digest_to_the_tenants_digest_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a policy's `api_keys: [{file: ...}]` reads: one digest a line, nothing pasted."""
+    monkeypatch.setenv("KVFENCE_PEPPER", PEPPER)
+    digests = tmp_path / "acme.digests"
+    keys = []
+    for _ in range(2):
+        args = ["keys", "new", "--tenant", "acme", "--json", "--digest-file", str(digests)]
+        assert kvfence_main(args) == 0
+        keys.append(orjson.loads(capsys.readouterr().out)["api_key"])
+    assert digests.read_text().splitlines() == [key_digest(PEPPER.encode(), k) for k in keys]
+    assert oct(digests.stat().st_mode & 0o777) == "0o600"

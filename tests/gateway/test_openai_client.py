@@ -36,12 +36,17 @@ async def test_models_and_errors(gw: Gateway) -> None:
     async with _client(gw) as client:
         models = await client.models.list()
         assert [m.id for m in models.data] == ["smollm2"]
-        try:
-            await client.chat.completions.create(model="other", messages=MSG)  # type: ignore[arg-type]
-        except openai.PermissionDeniedError as exc:
-            assert exc.status_code == 403
-        else:
-            raise AssertionError("expected 403")
+        assert (await client.models.retrieve("smollm2")).id == "smollm2"
+        for call in (
+            client.chat.completions.create(model="other", messages=MSG),  # type: ignore[arg-type]
+            client.models.retrieve("other"),
+        ):
+            try:
+                await call
+            except openai.NotFoundError as exc:
+                assert exc.status_code == 404 and exc.code == "model_not_found"
+            else:
+                raise AssertionError("expected 404")
 
 
 async def test_stream_cut_mid_way_raises(gw: Gateway) -> None:

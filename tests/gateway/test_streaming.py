@@ -31,7 +31,12 @@ async def test_usage_chunk_added_for_audit_and_hidden(gw: Gateway, split: bool) 
     assert got == b"".join(events[:-2] + events[-1:])  # everything but the usage event
     assert got.endswith(b"data: [DONE]\n\n")
     metrics = await gw.metrics()
-    assert f'kvfence_gateway_cached_tokens_total{{tenant="acme"}} {CACHED_TOKENS}.0' in metrics
+    labels = '{model="smollm2",tenant="acme"}'
+    assert f"kvfence_gateway_cached_tokens_total{labels} {CACHED_TOKENS}.0" in metrics
+    assert f"kvfence_gateway_prompt_tokens_total{labels} 12.0" in metrics
+    assert f"kvfence_gateway_completion_tokens_total{labels} 3.0" in metrics
+    assert f"kvfence_gateway_time_to_first_token_seconds_count{labels} 1.0" in metrics
+    assert f"kvfence_gateway_in_flight{labels} 0.0" in metrics
 
 
 async def test_upstream_dead_before_response_is_502(gw: Gateway) -> None:

@@ -126,7 +126,9 @@ async def test_two_concurrent_sessions_through_vllm_share_nothing(
             )
 
         alone, together, secret = await alone_then_together(post, SERVED_MODEL, ("acme", "globex"))
-    assert [a.text for a in together] == [a.text for a in alone]
+    # vLLM's CPU kernels are batch-variant: a greedy answer may change with what shares its
+    # batch, so the texts are not compared (kvfence's own backend is, in tests/e2e). What must
+    # hold is that no answer carries the other tenant's secret and every one is verified.
     for got in (*alone, *together):
         assert (got.status, got.verdict) == (200, "verified"), got
         assert secret["globex" if got.tenant == "acme" else "acme"] not in got.text

@@ -69,6 +69,7 @@ class Tally:
     statuses: Counter[int] = field(default_factory=Counter)
     cached: int = 0  # requests that reported a cache hit
     requests: int = 0
+    errors: Counter[str] = field(default_factory=Counter)  # "status code" of each refusal
 
 
 def sentence(rng: random.Random, words: int) -> str:
@@ -136,15 +137,19 @@ async def send(
     body: dict[str, Any],
     headers: dict[str, str],
 ) -> tuple[int, str, str, int]:
-    """(status, verdict, answer text, cached tokens) of one request."""
+    """(status, verdict, answer text or the error's code, cached tokens) of one request."""
     all_headers = {"authorization": f"Bearer {tenant.key}", **headers}
     if body.get("stream"):
         body = {**body, "stream_options": {"include_usage": True}}
     async with http.post(url + "/v1/chat/completions", json=body, headers=all_headers) as resp:
         verdict = resp.headers.get("x-kvfence-verdict", "-")
         if resp.status != 200:
-            await resp.read()
-            return resp.status, verdict, "", 0
+            raw = await resp.read()
+            try:
+                code = str(orjson.loads(raw)["error"]["code"])
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                code = raw[:80].decode(errors="replace")
+            return resp.status, verdict, code, 0
         if not body.get("stream"):
             doc = await resp.json()
             usage = doc.get("usage") or {}
@@ -180,6 +185,8 @@ async def run(workload: Workload, url: str, requests: int, concurrency: int = 8)
             tally.cached += cached > 0
             if status == 200:
                 workload.answered(tenant, body, headers, text)
+            else:
+                tally.errors[f"{status} {text}"] += 1
 
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(timeout=timeout) as http:

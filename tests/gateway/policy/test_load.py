@@ -48,7 +48,12 @@ def test_example_shape_loads() -> None:
             "{env: MISSING}",
             ":8: gateway.api_key_pepper: environment variable MISSING",
         ),
-        ("{env: PEPPER}", "hunter2hunter2hunter2", ":8: gateway.api_key_pepper: must be a mapping"),
+        (
+            "{env: PEPPER}",
+            "hunter2hunter2hunter2",
+            ":8: gateway.api_key_pepper: must be {env: NAME} (an environment variable) or "
+            "{file: PATH} (a file, relative to the policy's folder); secrets are never written",
+        ),
         (
             "access_log: false",
             "access_log: false\n  colour: blue",
@@ -163,3 +168,65 @@ def test_policy_check_cli(
 def test_invalid_yaml(tmp_path: Path) -> None:
     errors = errors_of(textwrap.dedent("version: 1\ngateway: [\n"))
     assert errors[0].startswith("policy.yaml:")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "version: 1\ngateway:\n  namespace_keys: [{id: ns1, active: true}\n  listen: {}\n",
+            "policy.yaml:4:3: not valid YAML: expected ',' or ']', but got '<scalar>' "
+            "(while parsing a flow sequence that starts at line 3, column 19)",
+        ),
+        (
+            "version: 1\ngateway:\n\tlisten: {}\n",
+            "policy.yaml:3:1: not valid YAML: found character '\\t' that cannot start any token "
+            "(YAML indents with spaces, never tabs)",
+        ),
+        ("version: 1\n foo: 2\n", "policy.yaml:2:5: not valid YAML: mapping values are not"),
+    ],
+)
+def test_invalid_yaml_names_the_parsers_reason_line_and_column(text: str, expected: str) -> None:
+    errors = errors_of(text)
+    assert len(errors) == 1 and errors[0].startswith(expected), errors
+
+
+def test_a_broken_backend_does_not_add_no_backend_serves_model(tmp_path: Path) -> None:
+    """Only the backend's own error: its models are not reported unserved as well."""
+    text = policy_text(URL).replace("url: " + URL, "url: " + URL + "\n    api_key: {env: NOPE}")
+    errors = errors_of(text)
+    assert len(errors) == 1, errors
+    assert "backends[0].api_key: environment variable NOPE is not set" in errors[0]
+    text = policy_text(URL).replace("[smollm2, other]", "[smollm2, nope]")
+    assert any("no backend serves model nope" in e for e in errors_of(text))
+
+
+@pytest.mark.parametrize("place", ["namespace_keys", "pepper", "handle_key"])
+def test_an_inline_secret_is_told_the_accepted_forms(place: str, tmp_path: Path) -> None:
+    text = policy_text(URL)
+    if place == "namespace_keys":
+        text = text.replace("{env: NS_KEY}", '"s3cret-s3cret-s3cret-s3cret-s3cret"')
+    elif place == "pepper":
+        text = text.replace("{env: PEPPER}", "hunter2hunter2hunter2")
+    else:
+        text = text.replace(
+            "  api_key_pepper:", "  handle_key: {id: h, private_key: PEM}\n  api_key_pepper:"
+        )
+    errors = errors_of(text, tmp_path)
+    assert len(errors) == 1, errors
+    assert "secrets are never written inline" in errors[0] or "read from a file" in errors[0]
+    assert "{file: PATH}" in errors[0] and "relative to the policy's folder" in errors[0]
+
+
+def test_a_missing_audit_folder_is_refused_at_policy_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)
+    (tmp_path / "audit.key").write_text("k" * 32)
+    audit = "access_log: false\n  audit_log: {path: audit/audit.jsonl, key: {file: audit.key}}"
+    (tmp_path / "p.yaml").write_text(policy_text(URL).replace("access_log: false", audit))
+    assert kvfence_main(["policy", "check", str(tmp_path / "p.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"folder {tmp_path / 'audit'} does not exist: create it (mkdir -m 700)" in err
