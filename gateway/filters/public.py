@@ -8,6 +8,9 @@ stays in the tenant's namespace); a request-scoped tenant gets none.
 
 from __future__ import annotations
 
+import re
+from typing import Final
+
 from aiohttp import web
 
 from gateway.adapters.base import CHAT
@@ -16,6 +19,8 @@ from gateway.policy.model import Scope
 from gateway.public import MARK_HEADER, marked, match_chat, match_prompt, plain_messages
 from gateway.state import BODY, NAMESPACE, PUBLIC, ROUTE, RUNTIME, TENANT
 from kvfence.public import PublicPart
+
+_COUNT_RE: Final = re.compile(r"[0-9]{1,4}")
 
 
 def _mark_count(request: web.Request, messages: int) -> int:
@@ -28,7 +33,8 @@ def _mark_count(request: web.Request, messages: int) -> int:
     if request.path != CHAT:
         raise PublicMarkRefused(f"{MARK_HEADER} applies to chat completions only")
     value = values[0].strip()
-    if len(values) != 1 or not value.isdigit() or not 1 <= int(value) <= messages:
+    # ASCII digits only: str.isdigit also accepts characters int() refuses (a 500, not a 400)
+    if len(values) != 1 or not _COUNT_RE.fullmatch(value) or not 1 <= int(value) <= messages:
         raise PublicMarkRefused(f"{MARK_HEADER} is one count of leading messages, 1 to {messages}")
     return int(value)
 

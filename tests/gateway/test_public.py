@@ -13,6 +13,7 @@ from gateway.policy.load import parse_policy
 from gateway.policy.model import PublicPrefix
 from gateway.policy.runtime import Runtime
 from gateway.public import backend_status, marked, match_chat, match_prompt, plain_messages
+from gateway.server import bound_port, start_admin
 from kvfence.public import chat_digest, text_digest
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway.conftest import ENV, Gateway, policy_text, run_gateway
@@ -92,6 +93,8 @@ BODY = {
         ("acme", "1", "this tenant may not mark messages public"),
         ("umbrella", "2", "one count of leading messages, 1 to 1"),
         ("umbrella", "one", "one count of leading messages"),
+        ("umbrella", "\u00b9", "one count of leading messages"),  # a digit int() refuses
+        ("umbrella", "0", "one count of leading messages"),
     ],
 )
 async def test_a_public_mark_the_policy_does_not_allow_is_refused(
@@ -113,6 +116,15 @@ async def test_an_external_backend_keeps_the_request_isolated(gw: Gateway) -> No
         assert resp.status == 200
     salts = [orjson.loads(r.body)["cache_salt"] for r in gw.upstream.received]
     assert len(set(salts)) == 2  # the declared prompt did not make the two share a salt
-    parsed = parse_policy(policy("http://127.0.0.1:9"), "p.yaml", env=ENV)
-    status = backend_status(parsed, parsed.backends[0])
-    assert status is not None and status.startswith("not applied: a vllm backend")
+    admin = await start_admin(gw.app, "127.0.0.1", 0)
+    try:
+        async with gw.session.get(f"http://127.0.0.1:{bound_port(admin)}/status") as resp:
+            status = (await resp.json())["backends"]["fake-vllm"]["public_prefixes"]
+    finally:
+        await admin.cleanup()
+    assert status.startswith("not applied: a vllm backend takes one cache salt per request")
+
+
+def test_status_is_silent_where_no_public_prefix_concerns_a_backend() -> None:
+    parsed = parse_policy(policy_text("http://127.0.0.1:9"), "p.yaml", env=ENV)
+    assert backend_status(parsed, parsed.backends[0]) is None
