@@ -156,18 +156,29 @@ def exported(root: Path, rev: str) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def upstream(core: int, nice: int = 0) -> Iterator[Server]:
-    """The fake upstream (bench.gateway.upstream) on `core`."""
-    cmd = [sys.executable, "-m", "bench.gateway.upstream", "--port", "0"]
-    proc = _popen(cmd, (core, nice), pipe=True)
+def _announcing(cmd: list[str], where: tuple[int | None, int], what: str) -> Iterator[Server]:
+    """A server that prints `PORT <n>` once listening."""
+    proc = _popen(cmd, where, pipe=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()
         if not line.startswith("PORT "):
-            raise RuntimeError(f"the fake upstream did not start: {line!r}")
+            raise RuntimeError(f"{what} did not start: {line!r}")
         yield Server(proc.pid, int(line.split()[1]))
     finally:
         _stop(proc)
+
+
+def upstream(core: int, nice: int = 0) -> contextlib.AbstractContextManager[Server]:
+    """The fake upstream (bench.gateway.upstream) on `core`."""
+    cmd = [sys.executable, "-m", "bench.gateway.upstream", "--port", "0"]
+    return _announcing(cmd, (core, nice), "the fake upstream")
+
+
+def floor(url: str, core: int | None, nice: int = 0) -> contextlib.AbstractContextManager[Server]:
+    """The bare aiohttp relay (bench.gateway.floor) in front of `url`, on `core`."""
+    cmd = [sys.executable, "-m", "bench.gateway.floor", "--upstream", url]
+    return _announcing(cmd, (core, nice), "the aiohttp floor")
 
 
 def _policy_text(upstreams: Mapping[str, int], digest: str) -> str:

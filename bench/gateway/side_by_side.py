@@ -29,6 +29,7 @@ from bench.gateway.traffic import scenarios
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUTPUT = REPO_ROOT / "bench" / "results" / "gateway_side_by_side.json"
+REFERENCES = ("direct", "nginx")  # the hops the others are compared with
 MODEL_SSE = "smollm2-sse"  # its own backend: nginx cannot pick an answer by the body
 GOALS = {
     "cpu_us_per_request": 200,
@@ -107,23 +108,27 @@ def _drivers(args: argparse.Namespace) -> dict[str, Drive]:
 Gateways = dict[str, tuple[procs.Server, str]]
 
 
-def _hops(ng: nginx.Nginx, gateways: Gateways, sse: bool) -> list[Hop]:
+def _hops(ng: nginx.Nginx, gateways: Gateways, sse: bool, floor: procs.Server | None) -> list[Hop]:
     path = "/v1/chat/completions"
     up, proxy = (ng.sse_port, ng.proxy_sse_port) if sse else (ng.json_port, ng.proxy_json_port)
     key = next(iter(gateways.values()))[1]
     hops = [Hop("direct", f"http://127.0.0.1:{up}{path}", None, key)]
     hops.append(Hop("nginx", f"http://127.0.0.1:{proxy}{path}", None, key))
+    if floor is not None and not sse:  # it reads whole answers from the JSON port only
+        hops.append(Hop("aiohttp-floor", f"http://127.0.0.1:{floor.port}{path}", floor.pid, key))
     for name, (server, own_key) in gateways.items():
         hops.append(Hop(name, f"http://127.0.0.1:{server.port}{path}", server.pid, own_key))
     return hops
 
 
-def _run_all(args: argparse.Namespace, ng: nginx.Nginx, gateways: Gateways) -> list[Run]:
+def _run_all(
+    args: argparse.Namespace, ng: nginx.Nginx, gateways: Gateways, floor: procs.Server | None
+) -> list[Run]:
     core = 0 if args.pin else None
     runs: list[Run] = []
     for scenario in args.scenario:
         body = _body(scenario)
-        hops = _hops(ng, gateways, "sse" in scenario)
+        hops = _hops(ng, gateways, "sse" in scenario, floor)
         for hop in hops:  # warm-up: connections, caches, the gateway's first requests
             warm = Target(body, {"Authorization": f"Bearer {hop.key}"}, core, args.nice)
             drivers.hey(hop.url, warm, args.conns, 1.0, args.rate)
@@ -181,7 +186,7 @@ def summarize(runs: list[Run], workers: int) -> list[dict[str, Any]]:
                 "cpu_bound_rps": 1e6 / statistics.median(cpu) if cpu else None,
                 "rps_per_worker": (
                     statistics.median(r.load.rps for r in mine) / workers
-                    if target.startswith("gateway")
+                    if target not in REFERENCES
                     else None
                 ),
             }
@@ -191,7 +196,7 @@ def summarize(runs: list[Run], workers: int) -> list[dict[str, Any]]:
             (r for r in rows if (r["scenario"], r["mode"], r["target"]) == (*_sm(row), "nginx")),
             None,
         )
-        if base is not None and row["target"].startswith("gateway"):
+        if base is not None and row["target"] not in REFERENCES:
             row["added_p50_ms"] = row["p50_ms"] - base["p50_ms"]
             row["added_p99_ms"] = row["p99_ms"] - base["p99_ms"]
     return rows
@@ -277,6 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scenario", nargs="+", default=["small", "small-sse"])
     parser.add_argument("--mode", nargs="+", choices=("rate", "max"), default=["rate", "max"])
     parser.add_argument("--compare", metavar="REV", help="also run the gateway code of REV")
+    parser.add_argument(
+        "--floor", action="store_true", help="also a bare aiohttp relay (bench.gateway.floor)"
+    )
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="no core pinning")
     parser.add_argument("--nice", type=int, default=0, help="niceness of every process (root)")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
@@ -311,7 +319,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{'scenario':<10}{'mode':<5}{'target':<14}{'rnd':>3}{'ok':>8}{'err':>6}"
             f"{'rps':>9}{'p50ms':>8}{'p99ms':>8}{'cpu us':>9}{'sys us':>8}{'wait us':>8}"
         )
-        runs = _run_all(args, ng, gateways)
+        floor = None
+        if args.floor:
+            url = f"http://127.0.0.1:{ng.json_port}"
+            floor = stack.enter_context(procs.floor(url, gw_core, args.nice))
+        runs = _run_all(args, ng, gateways, floor)
     rows = summarize(runs, args.workers)
     judged = goals(rows)
     _print_summary(rows, judged)
