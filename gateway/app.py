@@ -153,8 +153,11 @@ async def frame(
 
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    # DummyCookieJar: a cookie one tenant's answer set must never ride along with another
+    # tenant's request (and no jar is consulted per request).
     async with aiohttp.ClientSession(
         connector=connector,
+        cookie_jar=aiohttp.DummyCookieJar(),
         auto_decompress=False,
         skip_auto_headers=("User-Agent", "Accept-Encoding"),
     ) as session:

@@ -8,6 +8,7 @@ capacity-group and public namespaces have domain tags of their own.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import re
@@ -65,6 +66,7 @@ def format_salt(key_id: str, digest: bytes) -> str:
     return salt
 
 
+@functools.lru_cache(maxsize=4096)  # one per request in audit records and metrics
 def namespace_label(namespace: str) -> str:
     """The one non-reversible label of a namespace in logs, metrics and audit records (the
     namespace itself is never written anywhere): 32 hex characters of its SHA-256, so a

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Final
 
 import aiohttp
+from yarl import URL
 
-from gateway.adapters.base import Adapter
+from gateway.adapters.base import PROXIED_PATHS, Adapter
 from gateway.adapters.kvfence import KvfenceAdapter
 from gateway.adapters.registry import ADAPTERS
 from gateway.policy.model import Backend, ModelSpec, Policy, PublicPrefix, Scope, Tenant
@@ -57,6 +58,7 @@ class Runtime:
         "routes",
         "shares",
         "upstream_timeout",
+        "upstream_urls",
     )
 
     def __init__(self, policy: Policy) -> None:
@@ -97,6 +99,11 @@ class Runtime:
             model: tuple(sorted(found, key=lambda p: -p.size)) for model, found in by_model.items()
         }
         self.public_share = Share(PUBLIC_GROUP, policy.public.ceiling, policy.public.floor)
+        # Backend name and path -> the parsed upstream URL (aiohttp would parse a string per
+        # request); the app routes only PROXIED_PATHS here.
+        self.upstream_urls = {
+            (b.name, path): URL(b.url + path) for b in policy.backends for path in PROXIED_PATHS
+        }
         # aiohttp's share of the upstream deadlines; the first byte has its own (see proxy).
         self.upstream_timeout = aiohttp.ClientTimeout(
             sock_connect=policy.gateway.timeouts.connect_s
