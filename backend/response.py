@@ -53,12 +53,14 @@ class Generation:
         m.prompt_tokens.inc(len(self.prompt))
         m.cached_tokens.inc(self.cached)
         used = sorted(ns.value for ns in (first.block_namespaces or frozenset()))
+        runs = [(ns.value, n) for ns, n in (first.block_runs or ())]
         return self.backend.signer.sign(
             request_id=self.request_id,
             namespace=self.namespace.value,
             prompt_tokens=len(self.prompt),
             cached_tokens=self.cached,
             block_namespaces=used,
+            block_runs=runs,
         )
 
     async def _next(self) -> StepOutput:

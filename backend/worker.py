@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from backend.engine.engine import Engine, StepOutput
 from backend.engine.plan import SamplingParams
+from backend.engine.sequence import Segment
 from backend.errors import BackendError, EngineDown
 from kvfence.capability import Namespace
 
@@ -33,6 +34,7 @@ class _Add:
     prompt: list[int]
     sampling: SamplingParams
     eos: tuple[int, ...]
+    public: tuple[Segment, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,11 @@ class EngineWorker:
             await asyncio.to_thread(self._thread.join, 30.0)
 
     @property
+    def block_size(self) -> int:
+        assert self._engine is not None
+        return self._engine.config.block_size
+
+    @property
     def healthy(self) -> bool:
         return self._error is None and self._thread is not None and self._thread.is_alive()
 
@@ -108,14 +115,16 @@ class EngineWorker:
         prompt: list[int],
         sampling: SamplingParams,
         eos: tuple[int, ...],
+        public: tuple[Segment, ...] = (),
     ) -> tuple[int, asyncio.Queue[StepOutput | BaseException]]:
-        """Queue a request; returns its stream id and the queue its outputs arrive on."""
+        """Queue a request; returns its stream id and the queue its outputs arrive on.
+        `public`: its leading blocks that belong to public namespaces."""
         if self._error is not None:
             raise EngineDown("the engine is not running") from self._error
         stream_id = next(self._stream_ids)
         stream: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
         self._streams[stream_id] = stream
-        self._commands.put(_Add(stream_id, namespace, prompt, sampling, eos))
+        self._commands.put(_Add(stream_id, namespace, prompt, sampling, eos, public))
         return stream_id, stream
 
     def abort(self, stream_id: int) -> None:
@@ -179,7 +188,9 @@ class EngineWorker:
         self, engine: Engine, command: _Add, seq_of: dict[int, int], stream_of: dict[int, int]
     ) -> None:
         try:
-            seq = engine.add(command.namespace, command.prompt, command.sampling, command.eos)
+            seq = engine.add(
+                command.namespace, command.prompt, command.sampling, command.eos, command.public
+            )
         except (BackendError, ValueError) as exc:
             self._post(self._deliver_error, command.stream_id, exc)
             return

@@ -20,6 +20,7 @@ from aiohttp import web
 from gateway.fleet.shared import SHARED
 from gateway.liveness import LIVENESS
 from gateway.policy.reload import RELOADER
+from gateway.public import backend_status as public_status
 from gateway.state import HOLDER, METRICS, REPLICAS, VERIFY
 from gateway.verify.watch import Watch
 
@@ -67,6 +68,7 @@ async def status(request: web.Request) -> web.Response:
             "required": backend.required,
             "health_check": live.as_json(),
             "verified": backend.verify is not None,
+            "public_prefixes": public_status(policy, backend),
             **health.as_json(),
             "canary_age_s": round(now - health.canary_at, 1) if health.canary_at else None,
             "weight": backend.weight,

@@ -1,8 +1,8 @@
 """The gateway application: routes, the filter chain, error mapping, metrics and access log.
 
 Invariant: every proxied request passes authn -> body -> route -> scrub -> allowlist ->
-namespace -> replica -> adapter before the proxy (through failover), against one policy
-snapshot; any other path answers 404.
+namespace -> replica -> public -> adapter before the proxy (through failover), against one
+policy snapshot; any other path answers 404.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from gateway.filters.authn import authenticate
 from gateway.filters.body import read_body
 from gateway.filters.limit import admit
 from gateway.filters.namespace import derive
+from gateway.filters.public import split_public
 from gateway.filters.replica import pick_replica
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
@@ -81,6 +82,7 @@ CHAIN: Final[tuple[Filter, ...]] = (
     allow_fields,
     derive,
     pick_replica,
+    split_public,
     inject,
 )
 WATCH = web.AppKey("kvfence_watch", Watch)
@@ -161,8 +163,11 @@ async def frame(
 
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    # DummyCookieJar: a cookie one tenant's answer set must never ride along with another
+    # tenant's request (and no jar is consulted per request).
     async with aiohttp.ClientSession(
         connector=connector,
+        cookie_jar=aiohttp.DummyCookieJar(),
         auto_decompress=False,
         skip_auto_headers=("User-Agent", "Accept-Encoding"),
     ) as session:

@@ -46,7 +46,7 @@ async def _open(request: web.Request) -> aiohttp.ClientResponse:
     route, runtime = request[ROUTE], request[RUNTIME]
     data = request[UPSTREAM_BODY]
     request[TIMING].upstream_sent = time.perf_counter()
-    url = route.backend.url + request.path
+    url = runtime.upstream_urls[route.backend.name, request.path]
     first_byte_s = runtime.policy.gateway.timeouts.first_byte_s
     try:
         async with asyncio.timeout(first_byte_s):

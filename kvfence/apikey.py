@@ -62,8 +62,7 @@ def key_digest(pepper: bytes, key: str) -> str:
     """`hmac-sha256:<hex>` of the key under the pepper; what the policy's `api_keys` hold."""
     if len(pepper) < MIN_PEPPER_BYTES:
         raise ValueError(f"the API key pepper must be at least {MIN_PEPPER_BYTES} bytes")
-    mac = hmac.new(pepper, key.encode("utf-8"), hashlib.sha256).hexdigest()
-    return DIGEST_PREFIX + mac
+    return DIGEST_PREFIX + hmac.digest(pepper, key.encode("utf-8"), "sha256").hex()
 
 
 def is_digest(text: str) -> bool:

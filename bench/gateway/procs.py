@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,23 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (clock-tick resolution)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime: fields 14 and 15
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process so far (clock-tick resolution)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
+
+
+def tree_cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process and its live children (a gateway's workers)."""
+    user, system = cpu_split(pid)
+    with contextlib.suppress(FileNotFoundError):
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            with contextlib.suppress(FileNotFoundError):
+                more = cpu_split(int(child))
+                user, system = user + more[0], system + more[1]
+    return user, system
 
 
 def runqueue_wait_seconds(pid: int) -> float:
@@ -70,22 +87,40 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def place(core: int, nice: int) -> None:
-    """Pin the calling process to `core` and set its nice value (negative needs privilege)."""
-    os.sched_setaffinity(0, {core})
+def place(core: int | None, nice: int, own_session: bool = False) -> None:
+    """Pin the calling process to `core` (None: any) and set its nice value (negative needs
+    privilege). With `own_session` (a child about to exec), also a session of its own whose
+    autogroup gets that nice: Linux weighs autogroups (one per session) against each other
+    first, so without it nice only ranks the harness's own processes among themselves."""
+    if core is not None:
+        os.sched_setaffinity(0, {core})
     if nice:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
+    if nice and own_session:
+        os.setsid()
+        with contextlib.suppress(OSError):  # a kernel without autogroups: nice alone it is
+            Path("/proc/self/autogroup").write_text(str(nice))
+
+
+def placement(core: int | None, nice: int) -> Callable[[], None]:
+    """A `preexec_fn` that places a child (see `place`)."""
+    return functools.partial(place, core, nice, True)
 
 
 def _popen(
-    cmd: list[str], where: tuple[int, int], env: dict[str, str] | None = None, *, pipe: bool = False
+    cmd: list[str],
+    where: tuple[int | None, int],
+    env: dict[str, str] | None = None,
+    *,
+    pipe: bool = False,
+    cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE if pipe else subprocess.DEVNULL,
         env=env,
-        cwd=Path(__file__).resolve().parents[2],
-        preexec_fn=functools.partial(place, *where),
+        cwd=cwd or Path(__file__).resolve().parents[2],
+        preexec_fn=placement(*where),
     )
 
 
@@ -121,21 +156,42 @@ def exported(root: Path, rev: str) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def upstream(core: int, nice: int = 0) -> Iterator[Server]:
-    """The fake upstream (bench.gateway.upstream) on `core`."""
-    cmd = [sys.executable, "-m", "bench.gateway.upstream", "--port", "0"]
-    proc = _popen(cmd, (core, nice), pipe=True)
+def _announcing(cmd: list[str], where: tuple[int | None, int], what: str) -> Iterator[Server]:
+    """A server that prints `PORT <n>` once listening."""
+    proc = _popen(cmd, where, pipe=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()
         if not line.startswith("PORT "):
-            raise RuntimeError(f"the fake upstream did not start: {line!r}")
+            raise RuntimeError(f"{what} did not start: {line!r}")
         yield Server(proc.pid, int(line.split()[1]))
     finally:
         _stop(proc)
 
 
-def _policy_text(upstream_port: int, digest: str) -> str:
+def upstream(core: int, nice: int = 0) -> contextlib.AbstractContextManager[Server]:
+    """The fake upstream (bench.gateway.upstream) on `core`."""
+    cmd = [sys.executable, "-m", "bench.gateway.upstream", "--port", "0"]
+    return _announcing(cmd, (core, nice), "the fake upstream")
+
+
+def floor(url: str, core: int | None, nice: int = 0) -> contextlib.AbstractContextManager[Server]:
+    """The bare aiohttp relay (bench.gateway.floor) in front of `url`, on `core`."""
+    cmd = [sys.executable, "-m", "bench.gateway.floor", "--upstream", url]
+    return _announcing(cmd, (core, nice), "the aiohttp floor")
+
+
+def _policy_text(upstreams: Mapping[str, int], digest: str) -> str:
+    """One `vllm`-kind backend per model (the first is `fake`, as the overhead bench names it)."""
+    backends = "".join(
+        f"""  - name: {"fake" if i == 0 else f"fake-{model}"}
+    kind: vllm
+    url: http://127.0.0.1:{port}
+    verify: {{canary: false}}  # the fake has no cache; the detective and marker scan stay on
+    models: [{{name: {model}, revision: "1"}}]
+"""
+        for i, (model, port) in enumerate(upstreams.items())
+    )
     return f"""version: 1
 gateway:
   listen: {{host: 127.0.0.1, port: 8080}}
@@ -146,16 +202,11 @@ gateway:
   admin: {{port: 0}}
   access_log: false
 backends:
-  - name: fake
-    kind: vllm
-    url: http://127.0.0.1:{upstream_port}
-    verify: {{canary: false}}  # the fake has no cache; the detective and marker scan stay on
-    models: [{{name: {MODEL}, revision: "1"}}]
-tenants:
+{backends}tenants:
   - id: bench
     api_keys: ["{digest}"]
     scope: tenant
-    models: [{MODEL}]
+    models: [{", ".join(upstreams)}]
 """
 
 
@@ -176,24 +227,32 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], deadline_s: float) -> 
 
 @contextlib.contextmanager
 def gateway(
-    upstream_port: int, core: int, nice: int = 0, source: Path | None = None
+    upstream_port: int,
+    core: int | None,
+    nice: int = 0,
+    source: Path | None = None,
+    *,
+    models: Mapping[str, int] | None = None,
+    workers: int = 1,
 ) -> Iterator[tuple[Server, str]]:
-    """`kvfence gateway --workers 1` in front of the upstream, with throwaway secrets; yields the
-    server and a tenant API key. With `source`, the gateway's code is imported from there."""
+    """`kvfence gateway --workers N` in front of the upstream, with throwaway secrets; yields the
+    server and a tenant API key. With `source`, the gateway's code is imported from there;
+    `models` maps each model to its own upstream port (default: MODEL on `upstream_port`)."""
     pepper = secrets.token_urlsafe(24)
     key = mint_key()
     env = dict(os.environ)
     env["KVFENCE_BENCH_NS_KEY"] = secrets.token_urlsafe(48)
     env["KVFENCE_BENCH_PEPPER"] = pepper
-    if source is not None:
-        env["PYTHONPATH"] = str(source)
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="kvfence-bench-") as tmp:
         policy = Path(tmp) / "policy.yaml"
-        policy.write_text(_policy_text(upstream_port, key_digest(pepper.encode(), key)))
+        upstreams = models if models is not None else {MODEL: upstream_port}
+        policy.write_text(_policy_text(upstreams, key_digest(pepper.encode(), key)))
         cmd = [sys.executable, "-m", "kvfence.cli", "gateway", "--policy", str(policy)]
-        cmd += ["--workers", "1"]
-        proc = _popen([*cmd, "--port", str(port), "--log-level", "warning"], (core, nice), env)
+        cmd += ["--workers", str(workers)]
+        # `python -m` puts the working folder first on sys.path: run from `source` to import it.
+        cmd += ["--port", str(port), "--log-level", "warning"]
+        proc = _popen(cmd, (core, nice), env, cwd=source)
         try:
             _wait_ready(port, proc, deadline_s=30)
             yield Server(proc.pid, port), key

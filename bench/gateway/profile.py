@@ -102,14 +102,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rev", help="profile the gateway code of this git revision")
     parser.add_argument("--keep", type=Path, help="also write the collapsed stacks here")
     parser.add_argument("--spy-arg", action="append", default=[], help="extra py-spy option")
+    parser.add_argument("--nice", type=int, default=0, help="niceness of the servers (root)")
     args = parser.parse_args(argv)
     spy = Path(sys.executable).parent / "py-spy"
     with contextlib.ExitStack() as stack:
         tree = stack.enter_context(procs.exported(REPO_ROOT, args.rev)) if args.rev else None
-        up = stack.enter_context(procs.upstream(0))
-        gw, key = stack.enter_context(procs.gateway(up.port, 1, 0, tree))
+        up = stack.enter_context(procs.upstream(0, args.nice))
+        gw, key = stack.enter_context(procs.gateway(up.port, 1, args.nice, tree))
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
-        procs.place(0, 0)
+        procs.place(0, args.nice)
         bench = Bench(up, gw, key, args.seconds, 0.5, 1, 0)
         uvloop.run(_drive(bench, args.scenario, 500, 1.0))  # warm-up
         out = Path(tmp) / "stacks.txt"

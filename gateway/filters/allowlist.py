@@ -9,6 +9,7 @@ in a content part or in an input item, whatever the policy allows.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -81,15 +82,23 @@ def _input_items(items: Any) -> list[str]:
     return dropped
 
 
-def prune(path: str, body: dict[str, Any], extras: frozenset[str]) -> list[str]:
-    """Remove every field `body` may not carry to a backend allowed `extras`; return their
-    dotted paths (without list indices), in body order."""
+@functools.lru_cache(maxsize=256)  # per path and backend: a handful in any policy
+def _allowed(path: str, extras: frozenset[str]) -> tuple[frozenset[str], dict[str, frozenset[str]]]:
+    """The top-level names a body may keep, and the inner names kept under a top-level object.
+    Callers never mutate what this returns (it is shared)."""
     allowed = (fields.OPENAI[path] | {e for e in extras if "." not in e}) - fields.NEVER
     nested: dict[str, set[str]] = {}
     for extra in extras - fields.NEVER:
         if "." in extra:
             top, inner = extra.split(".", 1)
             nested.setdefault(top, set()).add(inner)
+    return allowed, {top: frozenset(inner) for top, inner in nested.items()}
+
+
+def prune(path: str, body: dict[str, Any], extras: frozenset[str]) -> list[str]:
+    """Remove every field `body` may not carry to a backend allowed `extras`; return their
+    dotted paths (without list indices), in body order."""
+    allowed, nested = _allowed(path, extras)
     dropped: list[str] = []
     for key in list(body):
         if key in nested and isinstance(body[key], dict):

@@ -20,6 +20,7 @@ from gateway.errors import (
     UpstreamUnavailable,
 )
 from gateway.filters.adapter import inject
+from gateway.filters.public import split_public
 from gateway.filters.replica import retarget
 from gateway.fleet.metrics import FLEET_METRICS
 from gateway.proxy import forward
@@ -40,6 +41,7 @@ async def failover(request: web.Request) -> web.StreamResponse:
             if health.get(route.backend.name).quarantined:
                 continue  # quarantined while the first attempt ran
             await retarget(request, route)
+            await split_public(request)  # what may be public depends on the backend's kind
             await inject(request)
         name = route.backend.name
         try:

@@ -17,6 +17,7 @@ answer "has this namespace sent this prefix" and nothing else.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -105,9 +106,15 @@ def checkpoints(stream: bytes, start: int = 0) -> list[int]:
     return out
 
 
+@functools.lru_cache(maxsize=16)  # a worker has one history secret; keying costs per request
+def _keyed(secret: bytes, person: bytes) -> hashlib.blake2b:
+    """The keyed hasher before any data: callers take a copy and never update this one."""
+    return hashlib.blake2b(key=secret[:64], digest_size=16, person=person)
+
+
 def bound_keys(secret: bytes, namespace: str, stream: bytes, positions: Sequence[int]) -> list[int]:
     """Keyed digests of the stream's prefixes at `positions` (ascending)."""
-    h = hashlib.blake2b(key=secret[:64], digest_size=16, person=b"kvfence-hist-b")
+    h = _keyed(secret, b"kvfence-hist-b").copy()
     h.update(namespace.encode() + b"\x00")
     keys, at = [], 0
     for p in positions:
@@ -119,7 +126,7 @@ def bound_keys(secret: bytes, namespace: str, stream: bytes, positions: Sequence
 
 def block_keys(secret: bytes, namespace: str, ids: Sequence[int], block: int) -> list[int]:
     """Keyed, chained digests of every full block of token ids."""
-    h = hashlib.blake2b(key=secret[:64], digest_size=16, person=b"kvfence-hist-x")
+    h = _keyed(secret, b"kvfence-hist-x").copy()
     h.update(namespace.encode() + b"\x00")
     keys = []
     for end in range(block, len(ids) + 1, block):

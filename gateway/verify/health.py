@@ -49,6 +49,9 @@ class Health:
             return cls()
 
 
+NEVER_CHECKED: Final = Health()  # a backend with no entry yet (read on every request: built once)
+
+
 class HealthBoard:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -58,7 +61,7 @@ class HealthBoard:
         self._load()
 
     def get(self, backend: str) -> Health:
-        return self.view.get(backend) or Health()
+        return self.view.get(backend) or NEVER_CHECKED
 
     def _load(self) -> None:
         """Blocking: re-read the file when it changed."""

@@ -104,6 +104,7 @@ class FakeUpstream:
     received: list[Received] = field(default_factory=list)
     health_checks: int = 0
     unhealthy: bool = False  # GET /health answers 503
+    set_cookie: str = ""  # sent as Set-Cookie with every plain answer
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     _runner: web.AppRunner | None = None
     url: str = ""
@@ -142,7 +143,10 @@ class FakeUpstream:
         answer = completion()
         if self.mode == "huge":
             answer["choices"][0]["message"]["content"] = "x" * (2 << 20)
-        return web.Response(body=orjson.dumps(answer), content_type="application/json")
+        resp = web.Response(body=orjson.dumps(answer), content_type="application/json")
+        if self.set_cookie:
+            resp.headers["set-cookie"] = self.set_cookie
+        return resp
 
     async def _stream(self, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
         options = doc.get("stream_options") or {}

@@ -163,3 +163,18 @@ async def test_user_scope_from_body_or_policy_header(gw: Gateway) -> None:
     assert alice == alice2 == await expected_salt(gw, "initech", "alice")
     assert bob != alice
     assert KEYS["initech"] not in str(gw.upstream.received[-1].headers)
+
+
+async def test_upstream_cookies_never_reach_another_request(upstream: FakeUpstream) -> None:
+    # By host name: a cookie jar keeps no cookie that an IP address set.
+    policy = make_policy(upstream.url.replace("127.0.0.1", "localhost"))
+    gw, runner = await run_gateway(policy, upstream)
+    try:
+        upstream.set_cookie = "affinity=acme-node; Path=/"
+        assert (await gw.chat("acme", {"model": "smollm2", "messages": MSG})).status == 200
+        upstream.set_cookie = ""
+        assert (await gw.chat("globex", {"model": "smollm2", "messages": MSG})).status == 200
+        assert upstream.received[-1].header_values("cookie") == []
+    finally:
+        await gw.session.close()
+        await runner.cleanup()

@@ -84,9 +84,16 @@ async def test_a_proxy_dropping_cache_salt_is_shared_by_the_counter(vllm_url: st
 
 
 async def test_without_usage_the_same_proxy_is_shared_by_timing_alone(vllm_url: str) -> None:
+    # Timing is the only evidence here. On a loaded host the positive control can fail to show
+    # A's own hits, and the probe then rightly says `inconclusive` (never `isolated`): such a
+    # run measures the host, not the proxy, so it is repeated, at most three times in all.
     async with RewritingProxy(vllm_url, strip_usage=True) as proxy:
-        result = await probe(Endpoint(proxy.url, SERVED_MODEL), A, B, QUICK)
-    assert result.decision.verdict is Verdict.SHARED
+        for _ in range(3):
+            result = await probe(Endpoint(proxy.url, SERVED_MODEL), A, B, QUICK)
+            assert result.decision.verdict is not Verdict.ISOLATED, result.decision.reasons
+            if result.timing.control_passed:
+                break
+    assert result.decision.verdict is Verdict.SHARED, result.decision.reasons
     assert not result.metadata.available and result.timing.shared
     assert result.rounds <= 20
 

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.slow
 # Our backend caches 16-token blocks: 48 letters (about 90 tokens with the marker and the chat
 # template) span five. Isolation is claimed against the control's full effect (min_effect 1.0);
 # 40 rounds per arm have the power for it down to a control AUC of 0.91, which a loaded machine
-# needs (one slow hit in the control costs about 0.06).
+# needs (one slow hit in the control costs about 0.06). With usage reported the counter decides:
+# the timing control is corroboration, and a loaded host can push it past its 1e-4 level, so
+# it is asserted only where timing is the evidence (tests/interop/test_probe_vllm.py).
 QUICK = ProbeConfig(letters=48, partial_letters=16, budget=40, min_effect=1.0)
 
 
@@ -40,7 +42,7 @@ async def test_one_namespace_is_shared_with_a_passing_control(
     async with backend_behind_proxy(smollm2, keys) as url:
         result = await probe(Endpoint(url, smollm2.name), raw("A", "one"), raw("B", "one"), QUICK)
     assert result.decision.verdict is Verdict.SHARED
-    assert result.metadata.control_passed and result.timing.control_passed
+    assert result.metadata.control_passed
     assert result.metadata.cross_hits >= 1 and result.rounds == 1
 
 
@@ -48,7 +50,7 @@ async def test_two_namespaces_are_isolated(smollm2: LoadedModel, keys: Keys) -> 
     async with backend_behind_proxy(smollm2, keys) as url:
         result = await probe(Endpoint(url, smollm2.name), raw("A", "one"), raw("B", "two"), QUICK)
     assert result.decision.verdict is Verdict.ISOLATED, result.decision.reasons
-    assert result.metadata.control_passed and result.timing.control_passed
+    assert result.metadata.control_passed
     assert result.rounds == QUICK.budget and result.metadata.cross_hits == 0
 
 
@@ -60,7 +62,7 @@ async def test_two_tenants_behind_the_gateway_are_isolated(
         b = Identity("B", key=keys.api_keys["globex"])
         result = await probe(Endpoint(stack.url, smollm2.name), a, b, QUICK)
     assert result.decision.verdict is Verdict.ISOLATED, result.decision.reasons
-    assert result.metadata.control_passed and result.timing.control_passed
+    assert result.metadata.control_passed
 
 
 async def test_an_endpoint_that_never_hits_is_inconclusive(
