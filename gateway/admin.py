@@ -17,10 +17,11 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
+from gateway.fleet.shared import SHARED
 from gateway.liveness import LIVENESS
 from gateway.policy.reload import RELOADER
 from gateway.public import backend_status as public_status
-from gateway.state import HOLDER, METRICS, VERIFY
+from gateway.state import HOLDER, METRICS, REPLICAS, VERIFY
 from gateway.verify.watch import Watch
 
 GATEWAY = web.AppKey("kvfence_gateway_app", web.Application)
@@ -55,7 +56,7 @@ async def status(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     policy = gateway[HOLDER].runtime.policy
     board, liveness = gateway[VERIFY].health, gateway[LIVENESS]
-    now = time.time()
+    now, mono = time.time(), time.monotonic()
     backends = {}
     for backend in policy.backends:
         health, live = board.get(backend.name), liveness.get(backend.name)
@@ -70,9 +71,14 @@ async def status(request: web.Request) -> web.Response:
             "public_prefixes": public_status(policy, backend),
             **health.as_json(),
             "canary_age_s": round(now - health.canary_at, 1) if health.canary_at else None,
+            "weight": backend.weight,
+            "passive": gateway[REPLICAS].passive(backend.name).as_json(mono),
         }
     history = gateway[VERIFY].store
     down = liveness.down(policy)
+    store = gateway.get(SHARED)
+    shared = None if store is None else {"up": store.up, "since": store.since,
+                                         "on_failure": store.settings.on_failure.value}  # fmt: skip
     return _json(
         {
             "policy": policy.summary(),
@@ -80,6 +86,7 @@ async def status(request: web.Request) -> web.Response:
             "down": down,
             "backends": backends,
             "history": {"complete_since": history.complete_since},
+            "shared": shared,
         }
     )
 

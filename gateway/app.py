@@ -1,8 +1,8 @@
 """The gateway application: routes, the filter chain, error mapping, metrics and access log.
 
 Invariant: every proxied request passes authn -> body -> route -> scrub -> allowlist ->
-namespace -> public -> adapter before the proxy, against one policy snapshot; any other path
-answers 404.
+namespace -> replica -> public -> adapter before the proxy (through failover), against one
+policy snapshot; any other path answers 404.
 """
 
 from __future__ import annotations
@@ -31,8 +31,14 @@ from gateway.filters.body import read_body
 from gateway.filters.limit import admit
 from gateway.filters.namespace import derive
 from gateway.filters.public import split_public
+from gateway.filters.replica import pick_replica
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
+from gateway.fleet.failover import failover
+from gateway.fleet.limiter import Limiter
+from gateway.fleet.metrics import FLEET_METRICS, FleetMetrics
+from gateway.fleet.replicas import Replicas
+from gateway.fleet.shared import open_shared
 from gateway.limits import SharedLimits
 from gateway.liveness import LIVENESS, Liveness, LivenessCollector, readyz
 from gateway.metrics import HealthCollector, Metrics
@@ -41,14 +47,16 @@ from gateway.observe import failed, finish
 from gateway.policy.model import Policy
 from gateway.policy.reload import RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
-from gateway.proxy import forward
 from gateway.state import (
+    ADMISSION,
     ADMITTED,
     EDGE,
     HOLDER,
     IN_FLIGHT,
+    LIMITER,
     LIMITS,
     METRICS,
+    REPLICAS,
     REQUEST_ID,
     ROUTE,
     RUNTIME,
@@ -73,6 +81,7 @@ CHAIN: Final[tuple[Filter, ...]] = (
     scrub_client_inputs,
     allow_fields,
     derive,
+    pick_replica,
     split_public,
     inject,
 )
@@ -95,7 +104,7 @@ async def proxied(request: web.Request) -> web.StreamResponse:
         in_flight = metrics.child(metrics.in_flight, request[TENANT].id, route.model.name)
         in_flight.inc()
         try:
-            return await forward(request)
+            return await failover(request)
         finally:
             in_flight.dec()
     finally:
@@ -147,7 +156,8 @@ async def frame(
         return _error(NotFound(f"no route for {request.method} {request.path}"), rid)
     finally:
         if request.get(ADMITTED):
-            request.app[LIMITS].release(request[TENANT].id, request.get(USED_TOKENS, 0))
+            tokens = request.get(USED_TOKENS, 0)
+            request.app[LIMITER].release(request[TENANT], request.get(ADMISSION), tokens)
         finish(request, status, timing)
 
 
@@ -205,6 +215,7 @@ def create_app(
     app = web.Application(middlewares=[frame])
     app[HOLDER] = PolicyHolder(Runtime(policy))
     app[METRICS] = Metrics(shared_metrics)
+    app[FLEET_METRICS] = FleetMetrics(app[METRICS])
     app[LIVENESS] = Liveness()
     app[EDGE] = Edge(app[METRICS])
     app[AUDIT_SINK] = AuditSink(policy.gateway.audit_log, worker)
@@ -212,6 +223,7 @@ def create_app(
     if state_dir is None:
         state_dir, temporary = state_dir_for(policy)
     app[VERIFY] = Verification(policy, state_dir)
+    shared_limits = open_shared(app, policy)  # gateway.shared: health and limits in Redis
 
     def backends() -> list[str]:
         return [b.name for b in app[HOLDER].runtime.policy.backends]
@@ -220,6 +232,8 @@ def create_app(
     app[METRICS].add_collector(LivenessCollector(app[LIVENESS], app[HOLDER]))
     app[LIMITS] = SharedLimits(state_dir / "limits.bin", generation or time.time())
     app[IN_FLIGHT] = InFlight()
+    app[LIMITER] = Limiter(app[LIMITS], shared_limits)
+    app[REPLICAS] = Replicas()
     app[WATCH] = Watch(app)
     app.cleanup_ctx.append(_session_ctx)
     app.cleanup_ctx.append(audit_sink_ctx)

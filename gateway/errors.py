@@ -9,7 +9,7 @@ GatewayError
 ├── MethodNotAllowed (405, edge), RequestTimeout (408), BodyTooLarge (413), RateLimited (429)
 ├── NotSupported (501), VersionNotSupported (505, edge)
 ├── UpstreamUnavailable, AttestationRefused, AuditWriteFailed, AnswerTooLarge, HandleRefused (502)
-├── Overloaded, BackendQuarantined (503)
+├── Overloaded, BackendQuarantined, SharedStateUnavailable (503)
 └── UpstreamTimeout (504)
 
 The edge's errors (`gateway.edge`) are answered with `Connection: close`, and the connection is
@@ -173,6 +173,13 @@ class BackendQuarantined(GatewayError):
     release it."""
 
     status, type, code = 503, "server_error", "backend_quarantined"
+
+
+class SharedStateUnavailable(GatewayError):
+    """The Redis the gateway replicas share cannot be reached and the policy says
+    `gateway.shared.on_failure: closed`."""
+
+    status, type, code = 503, "server_error", "shared_state_unavailable"
 
 
 class UpstreamTimeout(GatewayError):

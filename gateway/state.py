@@ -12,6 +12,8 @@ import aiohttp
 from aiohttp import web
 
 from gateway.edge import Edge
+from gateway.fleet.limiter import Admission, Limiter
+from gateway.fleet.replicas import Replicas
 from gateway.limits import SharedLimits
 from gateway.metrics import Metrics
 from gateway.policy.model import Tenant
@@ -62,6 +64,13 @@ UPSTREAM_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey(
 UPSTREAM_BODY = web.RequestKey("kvfence_upstream_body", bytes)  # filters.adapter
 DROP_USAGE = web.RequestKey("kvfence_drop_usage", bool)  # filters.adapter
 ADMITTED = web.RequestKey("kvfence_admitted", bool)  # filters.limit: release at the end
+ADMISSION = web.RequestKey("kvfence_admission", Admission)  # filters.limit: what to release
+# The backends to try, best first (a model with several), and the body before the adapter step,
+# from which a retry on another backend is scoped afresh.
+CANDIDATES: web.RequestKey[tuple[Route, ...]] = web.RequestKey(
+    "kvfence_candidates", tuple
+)  # filters.replica
+UNSCOPED_BODY = web.RequestKey("kvfence_unscoped_body", bytes)  # filters.replica
 USED_TOKENS = web.RequestKey("kvfence_used_tokens", int)  # audit.settle: what the answer used
 METRICS = web.AppKey("kvfence_metrics", Metrics)
 VERIFY = web.AppKey("kvfence_verify", Verification)
@@ -70,3 +79,5 @@ LIMITS = web.AppKey("kvfence_limits", SharedLimits)
 IN_FLIGHT = web.AppKey("kvfence_in_flight", InFlight)
 SESSION = web.AppKey("kvfence_upstream_session", aiohttp.ClientSession)
 EDGE = web.AppKey("kvfence_edge", Edge)  # counts and logs malformed requests
+REPLICAS = web.AppKey("kvfence_replicas", Replicas)  # this worker's ejections
+LIMITER = web.AppKey("kvfence_limiter", Limiter)  # tenant limits: local or in Redis

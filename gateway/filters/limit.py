@@ -1,6 +1,8 @@
 """Per-tenant limits: requests per second, requests in flight and tokens per minute, shared by
 every worker (gateway.limits). Runs right after authentication, before the body is read.
 
+With `gateway.shared`, the limits hold across gateway replicas (gateway.fleet.limiter).
+
 Invariant: a request admitted here is released exactly once, by the app's middleware, with the
 tokens its answer reported; a refused one costs the upstream nothing.
 """
@@ -10,15 +12,17 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.errors import RateLimited
-from gateway.state import ADMITTED, LIMITS, METRICS, TENANT
+from gateway.fleet.limiter import Admission
+from gateway.state import ADMISSION, ADMITTED, LIMITER, METRICS, TENANT
 
 
 async def admit(request: web.Request) -> None:
     tenant = request[TENANT]
-    if not tenant.limits.any:
+    outcome = await request.app[LIMITER].admit(tenant)
+    if outcome is None:
         return
-    refusal = request.app[LIMITS].admit(tenant.id, tenant.limits)
-    if refusal is not None:
+    if not isinstance(outcome, Admission):
+        refusal = outcome
         metrics = request.app[METRICS]
         metrics.child(metrics.limited, tenant.id, refusal.reason).inc()
         raise RateLimited(
@@ -26,3 +30,4 @@ async def admit(request: web.Request) -> None:
             refusal.retry_after_s,
         )
     request[ADMITTED] = True
+    request[ADMISSION] = outcome

@@ -25,7 +25,7 @@ _F = frozenset
 _BACKEND_REQ = _F({"name", "kind", "url", "models"})
 _BACKEND_OPT = _F(
     {"allow_unscoped", "api_key", "audience", "audit", "attestation_keys", "extra_fields"}
-    | {"verify", "required"}
+    | {"verify", "required", "weight"}
 )
 _KVFENCE_ONLY = _F({"audience", "attestation_keys"})
 _VERIFIABLE = _F({"vllm", "sglang", "trtllm", "dynamo"})  # scoped kinds that do not attest
@@ -34,18 +34,24 @@ _URL_RE = re.compile(r"^https?://[^\s/?#]+/?$")
 
 
 def _models(node: Node, scoped: bool, seen: dict[str, tuple[str, bool]]) -> tuple[ModelSpec, ...]:
-    """A model may be served by several backends (failover) if they agree on its revision and
-    are all scoped or all unscoped, so a failover never lands on an unscoped backend."""
+    """A model may be served by several backends (affinity routing and failover) if they agree
+    on its revision and are all scoped or all unscoped, so a failover never lands on an
+    unscoped backend."""
     out: list[ModelSpec] = []
     for item in node.items():
         f = item.mapping(_F({"name", "revision"}), _F())
         name, revision = f["name"].text(_NAME_RE), f["revision"].version_text()
         if any(m.name == name for m in out):
             f["name"].fail(f"model {name} is listed twice for this backend")
-        if name in seen and seen[name] != (revision, scoped):
+        if name in seen and seen[name][1] != scoped:
             f["name"].fail(
-                f"model {name} is served elsewhere with another revision or scoping; "
-                "backends of one model must agree on both"
+                f"model {name} is served by both a scoped and an unscoped backend; a model's "
+                "backends must all scope their cache or all be allow_unscoped"
+            )
+        if name in seen and seen[name][0] != revision:
+            f["name"].fail(
+                f"model {name} is served elsewhere with another revision; "
+                "backends of one model must agree on it"
             )
         seen[name] = (revision, scoped)
         out.append(ModelSpec(name, revision))
@@ -103,6 +109,7 @@ def _backend(
         verify=_verify(f, kind, base),
         extra_fields=extra,
         required=f["required"].boolean() if "required" in f else True,
+        weight=f["weight"].number(0.01, 1000.0) if "weight" in f else 1.0,
     )
 
 

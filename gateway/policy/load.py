@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gateway.policy.backends import named_models, read_backends
+from gateway.policy.fleet import read_routing, read_shared
 from gateway.policy.keys import read_audit_log, read_handle_key, read_handle_ttl
 from gateway.policy.model import (
     AdminSettings,
@@ -24,6 +25,7 @@ from gateway.policy.model import (
     NamespaceKeySpec,
     Policy,
     PublicSettings,
+    RoutingSettings,
     Timeouts,
     UnknownFieldMode,
 )
@@ -41,7 +43,7 @@ _TOP_OPT = _F({"public"})
 _GATEWAY_REQ = _F({"namespace_keys", "api_key_pepper"})
 _GATEWAY_OPT = _F(
     {"listen", "client_inputs", "timeouts", "limits", "access_log", "handle_key", "handle_ttl_s"}
-    | {"audit_log", "unknown_fields", "admin", "state_dir", "history"}
+    | {"audit_log", "unknown_fields", "admin", "state_dir", "history", "routing", "shared"}
 )
 T = TypeVar("T")
 _HOST_RE = re.compile(r"^[A-Za-z0-9.:_-]+$")
@@ -134,10 +136,12 @@ def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
     admin = opt("admin", lambda n: read_admin(n, env, base), AdminSettings())
     state_dir = opt("state_dir", lambda n: base / n.text(), None)
     history = opt("history", read_history, HistorySettings())
+    routing = opt("routing", read_routing, RoutingSettings())
+    shared = opt("shared", lambda n: read_shared(n, env, base), None)
     read = (("handle_key", handle_key), ("audit_log", audit_log), ("state_dir", state_dir))
-    unread = [k for k, v in read if k in f and v is None]
+    unread = [k for k, v in (*read, ("shared", shared)) if k in f and v is None]
     required = (keys, pepper, listen, mode, unknown, timeouts, limits, access_log, handle_ttl)
-    if unread or None in required or admin is None or history is None:
+    if unread or None in required or admin is None or history is None or routing is None:
         raise Bail()
     assert keys is not None and pepper is not None and listen is not None
     assert mode is not None and unknown is not None and timeouts is not None
@@ -157,6 +161,8 @@ def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
         admin=admin,
         state_dir=state_dir,
         history=history,
+        routing=routing,
+        shared=shared,
     )
 
 

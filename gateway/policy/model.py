@@ -137,6 +137,37 @@ class HistorySettings:
     block_max_age_s: float = 3600.0
 
 
+class RoutingStrategy(StrEnum):
+    AFFINITY = "affinity"  # rendezvous hashing of the namespace: it keeps its cache
+    ROUND_ROBIN = "round_robin"  # for comparison (bench/fleet_routing.py); spreads a namespace
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingSettings:
+    """How a model served by several backends picks one (gateway.routing, gateway.failover)."""
+
+    strategy: RoutingStrategy = RoutingStrategy.AFFINITY
+    retries: int = 1  # further backends tried when one fails before the first byte
+    eject_after_errors: int = 3  # consecutive errors that eject a backend (this worker)
+    eject_for_s: float = 30.0  # how long an ejected backend gets no traffic
+
+
+class OnSharedFailure(StrEnum):
+    CLOSED = "closed"  # 503 while the shared state cannot be reached
+    LOCAL = "local"  # fall back to this gateway's own limits and last known health
+
+
+@dataclass(frozen=True, slots=True)
+class SharedSettings:
+    """State the gateway replicas share in Redis: tenant limits, quarantine and canary state."""
+
+    redis_url: str
+    password: Secret | None = None
+    on_failure: OnSharedFailure = OnSharedFailure.CLOSED
+    timeout_s: float = 0.5  # per Redis command
+    lease_s: float = 600.0  # an in-flight count a dead replica left expires after this
+
+
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
     namespace_keys: tuple[NamespaceKeySpec, ...]
@@ -153,6 +184,8 @@ class GatewaySettings:
     admin: AdminSettings = AdminSettings()
     state_dir: Path | None = None  # shared verification state; a private temp dir when unset
     history: HistorySettings = HistorySettings()
+    routing: RoutingSettings = RoutingSettings()
+    shared: SharedSettings | None = None
 
     @property
     def active_key(self) -> NamespaceKeySpec:
@@ -221,6 +254,7 @@ class Backend:
     verify: VerifySettings | None = None  # external scoped kinds: canaries and detective audit
     extra_fields: frozenset[str] = frozenset()  # body fields beyond OpenAI's (filters.fields)
     required: bool = True  # /readyz answers 503 while this backend is down
+    weight: float = 1.0  # its share of a model's namespaces among the model's backends
 
 
 @dataclass(frozen=True, slots=True)

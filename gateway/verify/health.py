@@ -111,3 +111,8 @@ class HealthBoard:
         self, backend: str, change: Callable[[Health], Health]
     ) -> tuple[Health, Health]:
         return await asyncio.to_thread(self.update_sync, backend, change)
+
+    async def claim_round(self, backend: str, interval_s: float) -> bool:
+        """Whether this gateway runs the backend's due canary round; its workers already take
+        turns by a file lock (a board shared by several gateways says more)."""
+        return True

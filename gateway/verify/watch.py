@@ -55,11 +55,17 @@ class Watch:
                     continue  # another worker is running rounds
                 try:
                     for backend in self._due():  # re-read: another worker may have run them
-                        await self.round(backend)
+                        if await self._claim(backend):
+                            await self.round(backend)
                 finally:
                     fcntl.flock(lock, fcntl.LOCK_UN)
         finally:
             os.close(lock)
+
+    async def _claim(self, backend: Backend) -> bool:
+        canary = backend.verify.canary if backend.verify else None
+        interval = canary.interval_s if canary is not None else TICK_S
+        return await self.app[VERIFY].health.claim_round(backend.name, interval)
 
     def _due(self) -> list[Backend]:
         health, now = self.app[VERIFY].health, time.time()

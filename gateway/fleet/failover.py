@@ -1,0 +1,65 @@
+"""The terminal step for a model with several backends: forward to the best one; if it cannot
+be reached, or gives no answer, before the first byte reached the client, forward once more to
+the next (at most `routing.retries` more). Every outcome feeds this worker's passive ejection.
+
+Invariant: a retry happens only while no upstream answer has begun (so nothing reached the
+client), and never to a backend quarantined by then; each attempt is settled (audited) once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from gateway.errors import (
+    BackendQuarantined,
+    GatewayError,
+    HandleRefused,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from gateway.filters.adapter import inject
+from gateway.filters.public import split_public
+from gateway.filters.replica import retarget
+from gateway.fleet.metrics import FLEET_METRICS
+from gateway.proxy import forward
+from gateway.state import CANDIDATES, REPLICAS, REQUEST_ID, ROUTE, RUNTIME, TIMING, VERIFY
+
+log = logging.getLogger("kvfence.gateway.routing")
+_RETRYABLE = (UpstreamUnavailable, UpstreamTimeout)
+_BACKEND_FAULTS = (UpstreamUnavailable, UpstreamTimeout, HandleRefused)
+
+
+async def failover(request: web.Request) -> web.StreamResponse:
+    tries = request.get(CANDIDATES) or (request[ROUTE],)
+    replicas, settings = request.app[REPLICAS], request[RUNTIME].policy.gateway.routing
+    health, metrics = request.app[VERIFY].health, request.app[FLEET_METRICS]
+    error: GatewayError | None = None
+    for attempt, route in enumerate(tries):
+        if attempt:
+            if health.get(route.backend.name).quarantined:
+                continue  # quarantined while the first attempt ran
+            await retarget(request, route)
+            await split_public(request)  # what may be public depends on the backend's kind
+            await inject(request)
+        name = route.backend.name
+        try:
+            response = await forward(request)
+        except GatewayError as exc:
+            error = exc
+            if isinstance(exc, _BACKEND_FAULTS) and replicas.failed(name, settings):
+                metrics.ejections.labels(name).inc()
+            began = bool(request[TIMING].upstream_headers)
+            if not isinstance(exc, _RETRYABLE) or began or attempt == len(tries) - 1:
+                raise
+            metrics.retries.labels(name).inc()
+            fields = {"rid": request[REQUEST_ID], "backend": name, "error": exc.code}
+            log.warning("retrying on another backend", extra=fields)
+            continue
+        if response.status < 500:
+            replicas.succeeded(name)
+        elif replicas.failed(name, settings):
+            metrics.ejections.labels(name).inc()
+        return response
+    raise error or BackendQuarantined("every other backend of this model is quarantined")

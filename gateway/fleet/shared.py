@@ -1,0 +1,55 @@
+"""Opening the shared state for one gateway app: with `gateway.shared`, the verification health
+board and the tenant limits move to Redis; without it, nothing changes (all local).
+
+Invariant: the store is opened once per worker and closed after every task that uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+from aiohttp import web
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.fleet.health import SharedHealthBoard
+from gateway.fleet.limits import RedisLimits
+from gateway.fleet.metrics import FLEET_METRICS
+from gateway.fleet.store import SharedStore
+from gateway.policy.model import Policy
+from gateway.state import LIMITER, METRICS, VERIFY
+
+SHARED = web.AppKey("kvfence_shared_store", SharedStore)
+
+
+class SharedCollector(Collector):
+    """`kvfence_gateway_shared_state_up`: 1 while this worker reaches Redis."""
+
+    def __init__(self, store: SharedStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "kvfence_gateway_shared_state_up", "1 while the shared state (Redis) answers"
+        )
+        up.add_metric([], float(bool(self.store.up)))
+        yield up
+
+
+def open_shared(app: web.Application, policy: Policy) -> RedisLimits | None:
+    """Call after `VERIFY` is set and before anything holds its health board."""
+    settings = policy.gateway.shared
+    if settings is None:
+        return None
+    store = app[SHARED] = SharedStore(settings, policy, app[FLEET_METRICS])
+    verification = app[VERIFY]
+    verification.health = SharedHealthBoard(verification.state_dir / "health.json", store)
+    app[METRICS].add_collector(SharedCollector(store))
+    app.cleanup_ctx.append(_close)
+    return RedisLimits(store)
+
+
+async def _close(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[LIMITER].drain()
+    await app[SHARED].close()

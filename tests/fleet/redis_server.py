@@ -1,0 +1,57 @@
+"""A real `redis-server` on a free loopback port, for tests and bench/fleet_routing.py: nothing
+persisted, stopped (and restartable on the same port) on demand."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+REDIS = shutil.which("redis-server")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        assert REDIS is not None
+        command = [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--dir", str(self.folder)]  # fmt: skip
+        log = (self.folder / "redis.log").open("ab")
+        self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + 10
+        while not _answers(self.port):
+            assert self.proc.poll() is None, (self.folder / "redis.log").read_text()
+            assert time.monotonic() < deadline, "redis-server did not answer within 10 s"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.proc = None
