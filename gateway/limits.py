@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from gateway.policy.model import TenantLimits
+from gateway.policy.tenant_model import TenantLimits
 
 _SLOT: Final = struct.Struct(
     "<64sdddqd"

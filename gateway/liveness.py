@@ -25,7 +25,8 @@ from prometheus_client.registry import Collector
 
 from gateway.adapters.registry import ADAPTERS
 from gateway.failures import describe
-from gateway.policy.model import Backend, Policy
+from gateway.policy.backend_model import Backend
+from gateway.policy.model import Policy
 from gateway.policy.reload import PolicyHolder
 from gateway.state import HOLDER, RUNTIME, SESSION
 

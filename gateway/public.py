@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from gateway.adapters.registry import ADAPTERS
-from gateway.policy.model import Backend, Policy, PublicPrefix
+from gateway.policy.backend_model import Backend
+from gateway.policy.model import Policy
+from gateway.policy.tenant_model import PublicPrefix
 from kvfence.public import chat_digest, text_digest
 
 MARK_HEADER: Final = "x-kvfence-public-messages"

@@ -16,9 +16,9 @@ from gateway.fleet.limiter import Admission, Limiter
 from gateway.fleet.replicas import Replicas
 from gateway.limits import SharedLimits
 from gateway.metrics import Metrics
-from gateway.policy.model import Tenant
 from gateway.policy.reload import PolicyHolder
 from gateway.policy.runtime import Route, Runtime
+from gateway.policy.tenant_model import Tenant
 from gateway.verify.service import Verification
 from kvfence.public import PublicPart
 

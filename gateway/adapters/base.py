@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Final
 
-from gateway.policy.model import Backend
+from gateway.policy.backend_model import Backend
 from kvfence.public import PublicPart
 from kvfence.share import Share
 

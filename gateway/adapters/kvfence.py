@@ -13,7 +13,7 @@ from typing import Any
 
 from gateway.adapters.base import CHAT, COMPLETIONS, Adapter
 from gateway.errors import NotSupported
-from gateway.policy.model import Backend
+from gateway.policy.backend_model import Backend
 from kvfence.handle import HANDLE_HEADER, HandleSigner
 from kvfence.public import PublicPart
 from kvfence.share import Share

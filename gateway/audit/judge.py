@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.policy.model import AuditMode, Backend
+from gateway.policy.backend_model import AuditMode, Backend
 from gateway.sse import cached_tokens, prompt_tokens, total_tokens
 from gateway.verify.health import Health
 from kvfence.attestation import (

@@ -18,7 +18,7 @@ from gateway.errors import SharedStateUnavailable
 from gateway.fleet.limits import RedisLimits
 from gateway.fleet.store import SharedStore, SharedUnavailable
 from gateway.limits import Refusal, SharedLimits
-from gateway.policy.model import Tenant
+from gateway.policy.tenant_model import Tenant
 
 log = logging.getLogger("kvfence.gateway.shared")
 

@@ -14,7 +14,7 @@ from typing import Final
 
 from gateway.fleet.store import SharedStore
 from gateway.limits import Refusal
-from gateway.policy.model import TenantLimits
+from gateway.policy.tenant_model import TenantLimits
 
 # KEYS: bucket hash, in-flight sorted set. ARGV: rps, burst, concurrent, tpm, token, lease_s.
 _ADMIT: Final = """

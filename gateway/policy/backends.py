@@ -15,8 +15,14 @@ import yaml
 
 from gateway.adapters.registry import ADAPTERS
 from gateway.filters.fields import extra_field_problem
+from gateway.policy.backend_model import (
+    AuditMode,
+    Backend,
+    KvfenceOptions,
+    ModelSpec,
+    VerifySettings,
+)
 from gateway.policy.keys import read_trust
-from gateway.policy.model import AuditMode, Backend, KvfenceOptions, ModelSpec, VerifySettings
 from gateway.policy.node import Node, unique_items
 from gateway.policy.secrets import resolve
 from gateway.policy.verify import read_verify

@@ -11,12 +11,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from gateway.policy.model import (
-    OnSharedFailure,
-    RoutingSettings,
-    RoutingStrategy,
-    SharedSettings,
-)
+from gateway.policy.model import OnSharedFailure, RoutingSettings, RoutingStrategy, SharedSettings
 from gateway.policy.node import Node
 from gateway.policy.secrets import resolve
 

@@ -24,7 +24,6 @@ from gateway.policy.model import (
     Listen,
     NamespaceKeySpec,
     Policy,
-    PublicSettings,
     RoutingSettings,
     Timeouts,
     UnknownFieldMode,
@@ -32,6 +31,7 @@ from gateway.policy.model import (
 from gateway.policy.node import Bail, Node, PolicyError, compose, guarded
 from gateway.policy.public import read_public
 from gateway.policy.secrets import resolve
+from gateway.policy.tenant_model import PublicSettings
 from gateway.policy.tenants import read_tenants
 from gateway.policy.verify import read_admin, read_history
 from kvfence.apikey import MIN_PEPPER_BYTES

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from kvfence.keyfile import TrustStore
+from gateway.policy.backend_model import Backend
+from gateway.policy.tenant_model import PublicSettings, Tenant
 
 
 class Scope(StrEnum):
@@ -30,11 +31,6 @@ class ClientInputMode(StrEnum):
 class UnknownFieldMode(StrEnum):
     DROP = "drop"
     REJECT = "reject"
-
-
-class AuditMode(StrEnum):
-    ENFORCE = "enforce"
-    MONITOR = "monitor"
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,150 +189,13 @@ class GatewaySettings:
 
 
 @dataclass(frozen=True, slots=True)
-class ModelSpec:
-    name: str
-    revision: str
-
-
-@dataclass(frozen=True, slots=True)
-class KvfenceOptions:
-    """Fields only a `kind: kvfence` backend has."""
-
-    audience: str
-    attestation_keys: SecretRef
-    trust: TrustStore = field(repr=False, compare=False)  # parsed from `attestation_keys`
-
-
-class OnShared(StrEnum):
-    QUARANTINE = "quarantine"
-    ALERT = "alert"
-
-
-@dataclass(frozen=True, slots=True)
-class CanarySettings:
-    """Canary rounds against one external backend: a fresh random prompt sent twice in canary
-    namespace A (the second must hit) and once in B (must not)."""
-
-    interval_s: float = 300.0
-    prompt_tokens: int = 384
-    on_shared: OnShared = OnShared.QUARANTINE
-    clean_rounds: int = 3  # clean rounds in a row that release a quarantine
-    timing_samples: int = 4  # prompts per round when the server reports no cached tokens
-
-
-@dataclass(frozen=True, slots=True)
-class DetectiveSettings:
-    """The per-answer check of reported cached tokens against the namespace's history: exact
-    with the model's tokenizer (a Hugging Face directory), else a sound upper bound."""
-
-    tokenizer: Path | None = None
-    block_size: int = 16
-    template_overhead_tokens: int = 64
-    message_overhead_tokens: int = 8
-
-
-@dataclass(frozen=True, slots=True)
-class VerifySettings:
-    canary: CanarySettings | None = CanarySettings()
-    detective: DetectiveSettings | None = DetectiveSettings()
-
-
-@dataclass(frozen=True, slots=True)
-class Backend:
-    name: str
-    kind: str
-    url: str
-    models: tuple[ModelSpec, ...]
-    allow_unscoped: bool = False
-    api_key: Secret | None = None
-    kvfence: KvfenceOptions | None = None
-    audit: AuditMode = AuditMode.ENFORCE  # what a verdict other than clean/verified does
-    verify: VerifySettings | None = None  # external scoped kinds: canaries and detective audit
-    extra_fields: frozenset[str] = frozenset()  # body fields beyond OpenAI's (filters.fields)
-    required: bool = True  # /readyz answers 503 while this backend is down
-    weight: float = 1.0  # its share of a model's namespaces among the model's backends
-
-
-@dataclass(frozen=True, slots=True)
-class TenantLimits:
-    """What one tenant may use, across every worker of the gateway (0: no limit)."""
-
-    requests_per_s: float = 0.0
-    burst: float = 0.0  # the requests a full bucket allows at once (default: one second's)
-    concurrent: int = 0  # requests in flight
-    tokens_per_min: int = 0  # prompt + completion tokens, charged from each answer's usage
-
-    @property
-    def any(self) -> bool:
-        return bool(self.requests_per_s or self.concurrent or self.tokens_per_min)
-
-
-@dataclass(frozen=True, slots=True)
-class TenantCache:
-    """The tenant's share of our backends' KV pools (all its namespaces together): at most
-    `ceiling`; other tenants may not evict its cached blocks below `floor` (None: half the pool
-    split evenly between the policy's tenants)."""
-
-    ceiling: float = 0.5
-    floor: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TenantPublic:
-    """Which public prefixes a tenant's requests use: the policy's declared ones (`declared`),
-    and its own leading messages it marks public per request (`own`; shared by its users and
-    sessions, never with another tenant)."""
-
-    declared: bool = True
-    own: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Tenant:
-    id: str
-    api_keys: tuple[str, ...]
-    scope: Scope
-    models: tuple[str, ...]
-    scope_header: str | None = None  # where a user or session id may arrive besides the body
-    limits: TenantLimits = TenantLimits()
-    cache: TenantCache = TenantCache()
-    public: TenantPublic = TenantPublic()
-
-
-@dataclass(frozen=True, slots=True)
-class PublicPrefix:
-    """A declared public prefix of one model: leading chat messages as (role, content), roles as
-    our backend reads them; `text` when declared as one text (a system message for chat, the
-    leading text of a completion prompt)."""
-
-    name: str
-    model: str
-    messages: tuple[tuple[str, str], ...]
-    text: str | None = None
-
-    @property
-    def size(self) -> int:
-        return sum(len(content) for _, content in self.messages)
-
-
-@dataclass(frozen=True, slots=True)
-class PublicSettings:
-    """The policy's public prefixes and their capacity in our backends' KV pools: a group of
-    their own, counted against no tenant's ceiling, that tenants may not evict below `floor`."""
-
-    prefixes: tuple[PublicPrefix, ...] = ()
-    ceiling: float = 0.25
-    floor: float = 0.25
-
-
-@dataclass(frozen=True, slots=True)
 class Policy:
     source: str
     version: int
     gateway: GatewaySettings
     backends: tuple[Backend, ...]
     tenants: tuple[Tenant, ...]
-    public: PublicSettings = PublicSettings()
+    public: PublicSettings = field(default_factory=PublicSettings)
 
     def summary(self) -> str:
         models = sum(len(b.models) for b in self.backends)

@@ -12,8 +12,9 @@ from functools import partial
 from pathlib import Path
 from typing import Final
 
-from gateway.policy.model import PublicPrefix, PublicSettings, Scope, TenantPublic
+from gateway.policy.model import Scope
 from gateway.policy.node import Node, unique_items
+from gateway.policy.tenant_model import PublicPrefix, PublicSettings, TenantPublic
 
 _F = frozenset
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,64}$")

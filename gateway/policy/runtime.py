@@ -16,7 +16,9 @@ from yarl import URL
 from gateway.adapters.base import PROXIED_PATHS, Adapter
 from gateway.adapters.kvfence import KvfenceAdapter
 from gateway.adapters.registry import ADAPTERS
-from gateway.policy.model import Backend, ModelSpec, Policy, PublicPrefix, Scope, Tenant
+from gateway.policy.backend_model import Backend, ModelSpec
+from gateway.policy.model import Policy, Scope
+from gateway.policy.tenant_model import PublicPrefix, Tenant
 from kvfence.apikey import is_well_formed, key_digest
 from kvfence.attestation import AttestationVerifier
 from kvfence.handle import HandleSigner

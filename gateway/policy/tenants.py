@@ -13,9 +13,10 @@ from pathlib import Path
 import yaml
 
 from gateway.filters.sanitize import is_scoping_header
-from gateway.policy.model import Scope, Tenant, TenantCache, TenantLimits, TenantPublic
+from gateway.policy.model import Scope
 from gateway.policy.node import Node, unique_items
 from gateway.policy.public import read_tenant_public
+from gateway.policy.tenant_model import Tenant, TenantCache, TenantLimits, TenantPublic
 from kvfence.apikey import TENANT_ID_RE, is_digest
 
 _F = frozenset

@@ -11,14 +11,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from gateway.policy.model import (
-    AdminSettings,
-    CanarySettings,
-    DetectiveSettings,
-    HistorySettings,
-    OnShared,
-    VerifySettings,
-)
+from gateway.policy.backend_model import CanarySettings, DetectiveSettings, OnShared, VerifySettings
+from gateway.policy.model import AdminSettings, HistorySettings
 from gateway.policy.node import Node
 from gateway.policy.secrets import resolve
 

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from gateway.adapters.base import Adapter
-from gateway.policy.model import Backend, CanarySettings, ModelSpec
+from gateway.policy.backend_model import Backend, CanarySettings, ModelSpec
 from gateway.verify.markers import MarkerKey
 from kvfence.namespace import NamespaceKey, canary_namespace
 from kvfence.probe.client import Api, Endpoint, Identity, Observation, Sender, make_sender

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.adapters.base import CHAT
-from gateway.policy.model import DetectiveSettings, HistorySettings
+from gateway.policy.backend_model import DetectiveSettings
+from gateway.policy.model import HistorySettings
 from gateway.verify import fingerprints as fp
 from gateway.verify.store import FingerprintStore
 from gateway.verify.tokens import ChatTokenizer

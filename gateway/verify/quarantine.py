@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gateway.policy.model import CanarySettings, OnShared
+from gateway.policy.backend_model import CanarySettings, OnShared
 from gateway.verify.canary import Outcome, Result
 from gateway.verify.health import Health
 

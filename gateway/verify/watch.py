@@ -19,7 +19,7 @@ from aiohttp import web
 
 from gateway.audit.log import AuditWriteError
 from gateway.audit.sink import AUDIT_SINK
-from gateway.policy.model import Backend
+from gateway.policy.backend_model import Backend
 from gateway.state import HOLDER, METRICS, SESSION, VERIFY
 from gateway.verify import quarantine
 from gateway.verify.canary import Outcome, Result, run_round

@@ -9,14 +9,14 @@ import orjson
 import pytest
 
 from gateway.audit.judge import Answer, AuditContext, is_plain_error, judge, record
-from gateway.policy.model import (
+from gateway.policy.backend_model import (
     AuditMode,
     Backend,
     KvfenceOptions,
     ModelSpec,
-    SecretRef,
     VerifySettings,
 )
+from gateway.policy.model import SecretRef
 from gateway.verify.health import Health
 from kvfence.attestation import AttestationSigner, AttestationVerifier
 from kvfence.keyfile import TrustStore, generate_key

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.policy.backend_model import AuditMode
 from gateway.policy.load import load_policy, parse_policy
-from gateway.policy.model import AuditMode
 from gateway.policy.node import PolicyError
 from kvfence.cli import main as kvfence_main
 from kvfence.keyfile import add_to_trust_file, generate_key, write_private_key

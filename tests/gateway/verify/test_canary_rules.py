@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.policy.model import CanarySettings, OnShared
+from gateway.policy.backend_model import CanarySettings, OnShared
 from gateway.verify import quarantine
 from gateway.verify.canary import Outcome, Result, Sample, decide
 from gateway.verify.health import Health

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.policy.model import DetectiveSettings, HistorySettings
+from gateway.policy.backend_model import DetectiveSettings
+from gateway.policy.model import HistorySettings
 from gateway.verify import fingerprints as fp
 from gateway.verify.detective import Detective
 from gateway.verify.store import FingerprintStore
