@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from backend.engine.block_pool import BlockPool
-from backend.engine.plan import PrefillPolicy, Runner, SamplingParams
+from backend.engine.plan import PrefillPolicy, Runner, SamplingParams, TokenLogprobs
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
 from kvfence.capability import Namespace
@@ -47,7 +47,8 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class StepOutput:
-    """One new token; `cached_tokens` and `block_namespaces` are set on the first output only."""
+    """One new token; `cached_tokens` and `block_namespaces` are set on the first output only,
+    `logprobs` on every output of a sequence whose sampling asked for them."""
 
     seq_id: int
     token_id: int
@@ -55,6 +56,7 @@ class StepOutput:
     finish_reason: FinishReason | None = None
     cached_tokens: int | None = None
     block_namespaces: frozenset[Namespace] | None = None
+    logprobs: TokenLogprobs | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,14 +134,17 @@ class Engine:
         plan = self._scheduler.schedule()
         if not plan.chunks:
             return []
-        sampled = self._runner.execute(plan)
-        return [self._output(seq, token) for seq, token in self._scheduler.update(plan, sampled)]
+        result = self._runner.execute(plan)
+        return [
+            self._output(seq, token, result.logprobs.get(seq.seq_id))
+            for seq, token in self._scheduler.update(plan, result.tokens)
+        ]
 
-    def _output(self, seq: Sequence, token: int) -> StepOutput:
+    def _output(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> StepOutput:
         finished = seq.status is SequenceStatus.FINISHED
         reason = seq.finish_reason if finished else None
         if seq.reported:
-            return StepOutput(seq.seq_id, token, finished, reason)
+            return StepOutput(seq.seq_id, token, finished, reason, logprobs=logprobs)
         seq.reported = True
         self._prompt_tokens += seq.prompt_len
         self._hit_tokens += seq.cached_tokens
@@ -150,6 +155,7 @@ class Engine:
             reason,
             cached_tokens=seq.cached_tokens,
             block_namespaces=frozenset(seq.block_namespaces),
+            logprobs=logprobs,
         )
 
     def abort(self, seq_id: int) -> bool:
