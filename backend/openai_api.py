@@ -6,17 +6,21 @@ field is a `BadRequest` (HTTP 400) naming the field, never an exception from dee
 
 from __future__ import annotations
 
+import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
 from backend.engine.plan import SamplingParams
 from backend.errors import BadRequest
+from backend.fields import check_fields
 
 MAX_TOKENS_DEFAULT = 256
 MAX_TOKENS_LIMIT = 4096
+N_LIMIT = 8  # each choice is a sequence of its own in the engine: its own blocks and batch slot
+TOP_LOGPROBS_LIMIT = 20  # OpenAI's
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +34,20 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens
+    n: int = 1  # choices
+
+    @property
+    def logprobs(self) -> bool:
+        return self.sampling.logprobs is not None
+
+    def choice_sampling(self, index: int) -> SamplingParams:
+        """Choice `index`'s sampling: with a seed, each choice draws from a seed of its own
+        (choice 0 from the request's, so n=1 answers are those of n=1)."""
+        seed = self.sampling.seed
+        if seed is None or index == 0:
+            return self.sampling
+        digest = hashlib.sha256(f"{seed}:choice:{index}".encode()).digest()
+        return replace(self.sampling, seed=int.from_bytes(digest[:8], "little") >> 1)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -59,8 +77,7 @@ def parse_generation(body: dict[str, Any], endpoint: str) -> GenerationRequest:
     if not isinstance(options, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
     include_usage = _bool(options, "include_usage", False, "stream_options")
-    if _number(body, "n", 1, 1, 1) != 1:
-        raise BadRequest("only n=1 is supported", "n")
+    n = _integer(body, "n", 1, 1, N_LIMIT)
     newer = body.get("max_completion_tokens") is not None
     limit_key = "max_completion_tokens" if newer else "max_tokens"
     max_tokens = _integer(body, limit_key, MAX_TOKENS_DEFAULT, 1, MAX_TOKENS_LIMIT)
@@ -72,12 +89,24 @@ def parse_generation(body: dict[str, Any], endpoint: str) -> GenerationRequest:
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
         seed=seed,
+        logprobs=_logprobs(body) if endpoint == "chat" else None,
     )
     stop = _stop(body.get("stop"))
     ignore_eos = _bool(body, "ignore_eos", False)
+    check_fields(body, endpoint)  # last: a missing required field is the better message
     return GenerationRequest(
-        endpoint, model, messages, prompt, sampling, stop, stream, include_usage, ignore_eos
+        endpoint, model, messages, prompt, sampling, stop, stream, include_usage, ignore_eos, n
     )
+
+
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """Chat's `logprobs` and `top_logprobs`: None (off) or how many alternatives to list."""
+    top = body.get("top_logprobs")
+    if not _bool(body, "logprobs", False):
+        if top is not None:
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return None
+    return _integer(body, "top_logprobs", 0, 0, TOP_LOGPROBS_LIMIT)
 
 
 def _messages(value: Any) -> tuple[dict[str, str], ...]:
@@ -88,6 +117,16 @@ def _messages(value: Any) -> tuple[dict[str, str], ...]:
         if not isinstance(message, dict):
             raise BadRequest(f"messages[{i}] must be an object", "messages")
         role, content = message.get("role"), message.get("content")
+        if (
+            role in {"tool", "function"}
+            or message.get("tool_calls")
+            or message.get("function_call")
+        ):
+            raise BadRequest(
+                f"messages[{i}] holds a tool call or its result: tool calling is not "
+                "implemented by this backend",
+                "messages",
+            )
         if role not in {"system", "user", "assistant", "developer"}:
             raise BadRequest(f"messages[{i}].role is not supported", "messages")
         if isinstance(content, list):  # content parts: only text is supported
@@ -165,50 +204,51 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def completion_body(
-    req: GenerationRequest, rid: str, text: str, finish: str, use: dict[str, Any]
+def choice_body(
+    req: GenerationRequest,
+    index: int,
+    text: str,
+    finish: str,
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    created = int(time.time())
+    """One choice of a complete answer; `logprobs`: chat's entries, when asked for."""
+    lp = None if logprobs is None else {"content": logprobs, "refusal": None}
     if req.endpoint == "chat":
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish,
-            "logprobs": None,
-        }
-        return {
-            "id": rid,
-            "object": "chat.completion",
-            "created": created,
-            "model": req.model,
-            "choices": [choice],
-            "usage": use,
-        }
-    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        message = {"role": "assistant", "content": text}
+        return {"index": index, "message": message, "finish_reason": finish, "logprobs": lp}
+    return {"index": index, "text": text, "finish_reason": finish, "logprobs": None}
+
+
+def completion_body(
+    req: GenerationRequest, rid: str, choices: list[dict[str, Any]], use: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "id": rid,
-        "object": "text_completion",
-        "created": created,
+        "object": "chat.completion" if req.endpoint == "chat" else "text_completion",
+        "created": int(time.time()),
         "model": req.model,
-        "choices": [choice],
+        "choices": choices,
         "usage": use,
     }
 
 
 def chunk_body(
-    req: GenerationRequest, rid: str, created: int, text: str | None, finish: str | None
+    req: GenerationRequest,
+    rid: str,
+    created: int,
+    text: str | None,
+    finish: str | None,
+    index: int = 0,
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """A stream chunk of one choice; `logprobs`: chat's entries of the tokens it carries."""
     if req.endpoint == "chat":
+        lp = None if logprobs is None else {"content": logprobs, "refusal": None}
         delta: dict[str, Any] = {} if text is None else {"content": text}
-        choice: dict[str, Any] = {
-            "index": 0,
-            "delta": delta,
-            "finish_reason": finish,
-            "logprobs": None,
-        }
+        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice]}
 
