@@ -17,7 +17,7 @@ _COMMON: Final = frozenset(
 )  # fmt: skip
 IMPLEMENTED: Final[dict[str, frozenset[str]]] = {
     "chat": _COMMON | {"messages", "logprobs", "top_logprobs"},
-    "completion": _COMMON | {"prompt"},
+    "completion": _COMMON | {"prompt", "logprobs"},
 }
 # Fields without effect on the answer: OpenAI uses them to identify the end user.
 IGNORED: Final = frozenset({"user", "safety_identifier"})
@@ -43,7 +43,6 @@ _OFF: Final[dict[str, tuple[Any, ...]]] = {
     "web_search_options": (),
     "service_tier": ("auto", "default"),
     # /v1/completions
-    "logprobs": (0,),
     "echo": (False,),
     "suffix": (),
     "best_of": (1,),
@@ -55,7 +54,6 @@ _WHY: Final[dict[str, str]] = {
     "parallel_tool_calls": "tool calling is not implemented",
     "functions": "function calling is not implemented",
     "function_call": 'function calling is not implemented (only "none")',
-    "logprobs": "logprobs are implemented on /v1/chat/completions only",
 }
 
 

@@ -20,7 +20,8 @@ from backend.fields import check_fields
 MAX_TOKENS_DEFAULT = 256
 MAX_TOKENS_LIMIT = 4096
 N_LIMIT = 8  # each choice is a sequence of its own in the engine: its own blocks and batch slot
-TOP_LOGPROBS_LIMIT = 20  # OpenAI's
+TOP_LOGPROBS_LIMIT = 20  # OpenAI's, on chat
+COMPLETION_LOGPROBS_LIMIT = 5  # OpenAI's, on completions
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +90,7 @@ def parse_generation(body: dict[str, Any], endpoint: str) -> GenerationRequest:
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
         seed=seed,
-        logprobs=_logprobs(body) if endpoint == "chat" else None,
+        logprobs=_logprobs(body) if endpoint == "chat" else _completion_logprobs(body),
     )
     stop = _stop(body.get("stop"))
     ignore_eos = _bool(body, "ignore_eos", False)
@@ -107,6 +108,13 @@ def _logprobs(body: dict[str, Any]) -> int | None:
             raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         return None
     return _integer(body, "top_logprobs", 0, 0, TOP_LOGPROBS_LIMIT)
+
+
+def _completion_logprobs(body: dict[str, Any]) -> int | None:
+    """The completions endpoint's `logprobs`: None (off) or how many alternatives to list."""
+    if body.get("logprobs") is None:
+        return None
+    return _integer(body, "logprobs", 0, 0, COMPLETION_LOGPROBS_LIMIT)
 
 
 def _messages(value: Any) -> tuple[dict[str, str], ...]:
@@ -209,14 +217,13 @@ def choice_body(
     index: int,
     text: str,
     finish: str,
-    logprobs: list[dict[str, Any]] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One choice of a complete answer; `logprobs`: chat's entries, when asked for."""
-    lp = None if logprobs is None else {"content": logprobs, "refusal": None}
+    """One choice of a complete answer; `logprobs` in the endpoint's shape, when asked for."""
     if req.endpoint == "chat":
         message = {"role": "assistant", "content": text}
-        return {"index": index, "message": message, "finish_reason": finish, "logprobs": lp}
-    return {"index": index, "text": text, "finish_reason": finish, "logprobs": None}
+        return {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
+    return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
 
 
 def completion_body(
@@ -239,16 +246,15 @@ def chunk_body(
     text: str | None,
     finish: str | None,
     index: int = 0,
-    logprobs: list[dict[str, Any]] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A stream chunk of one choice; `logprobs`: chat's entries of the tokens it carries."""
+    """A stream chunk of one choice; `logprobs`: those of the tokens it carries, shaped."""
     if req.endpoint == "chat":
-        lp = None if logprobs is None else {"content": logprobs, "refusal": None}
         delta: dict[str, Any] = {} if text is None else {"content": text}
-        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lp}
+        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
+        choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice]}
 

@@ -114,10 +114,14 @@ class Generation:
             self._take(index, out)
         while not self._done:
             self._take(*await self._next())
-        logprobs = self.req.logprobs
+        endpoint, logprobs = self.req.endpoint, self.req.logprobs
         choices = [
             api.choice_body(
-                self.req, c.index, "".join(c.parts), c.finish, c.logprobs if logprobs else None
+                self.req,
+                c.index,
+                "".join(c.parts),
+                c.finish,
+                c.shaped(endpoint) if logprobs else None,
             )
             for c in self.choices
         ]
@@ -167,8 +171,9 @@ class Generation:
         if self.choices[index].done:
             return  # outputs still in flight after a stop string
         choice, piece = self._take(index, out)
-        logprobs = choice.unsent() if self.req.logprobs else None
-        if piece or logprobs:
+        fresh = choice.unsent()
+        logprobs = choice.shaped(self.req.endpoint, fresh) if self.req.logprobs else None
+        if piece or fresh.start != fresh.stop:
             chunk = api.chunk_body(self.req, self.rid, created, piece, None, index, logprobs)
             await response.write(api.sse(chunk))
         if choice.done:

@@ -472,7 +472,8 @@ def test_fields_that_ask_for_nothing_are_accepted(fields: dict[str, Any]) -> Non
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"logprobs": 2}, "logprobs"),
+        ({"logprobs": 6}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),
         ({"echo": True}, "echo"),
         ({"suffix": "end"}, "suffix"),
         ({"top_logprobs": 2}, "top_logprobs"),
@@ -483,7 +484,9 @@ def test_what_the_completion_endpoint_does_not_implement_is_refused(
     fields: dict[str, Any], param: str
 ) -> None:
     assert refused(completion(**fields), "completion").param == param
-    parse_generation(completion(logprobs=0, echo=False, best_of=1), "completion")
+    parse_generation(completion(echo=False, best_of=1), "completion")
+    assert parse_generation(completion(logprobs=5), "completion").sampling.logprobs == 5
+    assert parse_generation(completion(logprobs=0), "completion").sampling.logprobs == 0
 
 
 @pytest.mark.parametrize(
@@ -513,8 +516,9 @@ def test_each_choice_draws_from_its_own_seed_and_choice_0_from_the_requests() ->
 def test_choices_and_chunks_carry_their_index_and_logprobs() -> None:
     req = parse_generation(chat(n=2, logprobs=True), "chat")
     entry = {"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": []}
-    choice = choice_body(req, 1, "Hi", "stop", [entry])
-    assert choice["index"] == 1 and choice["logprobs"] == {"content": [entry], "refusal": None}
-    chunk = chunk_body(req, "c", 1, "Hi", None, 1, [entry])["choices"][0]
-    assert chunk["index"] == 1 and chunk["logprobs"]["content"] == [entry]
+    shaped = {"content": [entry], "refusal": None}
+    choice = choice_body(req, 1, "Hi", "stop", shaped)
+    assert choice["index"] == 1 and choice["logprobs"] == shaped
+    chunk = chunk_body(req, "c", 1, "Hi", None, 1, shaped)["choices"][0]
+    assert chunk["index"] == 1 and chunk["logprobs"] == shaped
     assert chunk_body(req, "c", 1, None, "stop", 1)["choices"][0]["logprobs"] is None

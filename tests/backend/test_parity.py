@@ -164,14 +164,41 @@ async def test_what_is_not_implemented_is_a_400_naming_the_parameter(
     assert param in error["message"] or param == "n"
 
 
-async def test_a_completion_cannot_ask_for_logprobs(tiny: tuple[Kit, Client]) -> None:
+async def test_completions_carry_logprobs_in_their_own_shape(tiny: tuple[Kit, Client]) -> None:
     kit, client = tiny
-    body = {"model": kit.model, "prompt": "abc", "max_tokens": 2, "logprobs": 3}
+    body = {
+        "model": kit.model,
+        "prompt": "abc",
+        "max_tokens": 8,
+        "ignore_eos": True,
+        "temperature": 0,
+        "logprobs": 2,
+        "n": 2,
+    }
     resp = await kit.post(client, "/v1/completions", body, "ns-a")
-    assert resp.status == 400 and (await resp.json())["error"]["param"] == "logprobs"
-    body = {"model": kit.model, "prompt": "abc", "max_tokens": 2, "n": 2}
-    data = await (await kit.post(client, "/v1/completions", body, "ns-a")).json()
+    data = await resp.json()
     assert [c["index"] for c in data["choices"]] == [0, 1]
+    first = data["choices"][0]
+    lp = first["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 8
+    for token, value, top in zip(
+        lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True
+    ):
+        assert value <= 0 and len(top) == 2 and top[token] == value == max(top.values())
+    assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+    assert data["usage"]["completion_tokens"] == 16
+
+    raw = await (await kit.post(client, "/v1/completions", {**body, "stream": True}, "ns-a")).read()
+    chunks = [orjson.loads(e.split(b"data: ", 1)[1]) for e in raw.split(b"\n\n")[:-2] if e]
+    streamed: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "text_offset": []}
+    for chunk in chunks[1:]:
+        for c in chunk["choices"]:
+            if c["index"] == 0 and c["logprobs"]:
+                for key, values in streamed.items():
+                    values += c["logprobs"][key]
+    assert streamed == {key: lp[key] for key in streamed}
+    bad = await kit.post(client, "/v1/completions", {**body, "logprobs": 6}, "ns-a")
+    assert bad.status == 400 and (await bad.json())["error"]["param"] == "logprobs"
 
 
 async def test_a_model_is_retrieved_by_id_and_an_unknown_one_is_404(
