@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from backend import openai_api as api
+from backend import shapes
 from backend.choice import Choice
 from backend.engine.engine import StepOutput
 from backend.errors import BackendError, GenerationFailed, error_body
@@ -107,7 +107,7 @@ class Generation:
 
     def _usage(self) -> dict[str, Any]:
         generated = sum(c.generated for c in self.choices)
-        return api.usage(len(self.prompt), generated, self.cached)
+        return shapes.usage(len(self.prompt), generated, self.cached)
 
     async def collect(self) -> web.Response:
         for index, out in await self._start():
@@ -116,7 +116,7 @@ class Generation:
             self._take(*await self._next())
         endpoint, logprobs = self.req.endpoint, self.req.logprobs
         choices = [
-            api.choice_body(
+            shapes.choice_body(
                 self.req,
                 c.index,
                 "".join(c.parts),
@@ -125,7 +125,7 @@ class Generation:
             )
             for c in self.choices
         ]
-        body = api.completion_body(self.req, self.rid, choices, self._usage())
+        body = shapes.completion_body(self.req, self.rid, choices, self._usage())
         return web.Response(
             body=orjson.dumps(body),
             content_type="application/json",
@@ -149,7 +149,7 @@ class Generation:
             await response.write(b"event: error\ndata: " + error_body(exc) + b"\n\n")
             return response  # no [DONE]: a truncated answer must not look complete
         if self.req.include_usage:
-            await response.write(api.usage_chunk(self.req, self.rid, created, self._usage()))
+            await response.write(shapes.usage_chunk(self.req, self.rid, created, self._usage()))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -157,13 +157,13 @@ class Generation:
     def _head(self, created: int) -> bytes:
         """The attestation as a named event whose data is also a valid first chunk (each
         choice's assistant role, no text), so OpenAI clients that ignore event names parse it."""
-        head = api.chunk_body(self.req, self.rid, created, "", None)
+        head = shapes.chunk_body(self.req, self.rid, created, "", None)
         first = head["choices"][0]
         if self.req.endpoint == "chat":
             first["delta"] = {"role": "assistant", "content": ""}
         head["choices"] = [{**first, "index": c.index} for c in self.choices]
         head[ATTESTATION_FIELD] = self.attestation
-        return f"event: {ATTESTATION_EVENT}\n".encode() + api.sse(head)
+        return f"event: {ATTESTATION_EVENT}\n".encode() + shapes.sse(head)
 
     async def _send(
         self, response: web.StreamResponse, created: int, index: int, out: StepOutput
@@ -174,8 +174,8 @@ class Generation:
         fresh = choice.unsent()
         logprobs = choice.shaped(self.req.endpoint, fresh) if self.req.logprobs else None
         if piece or fresh.start != fresh.stop:
-            chunk = api.chunk_body(self.req, self.rid, created, piece, None, index, logprobs)
-            await response.write(api.sse(chunk))
+            chunk = shapes.chunk_body(self.req, self.rid, created, piece, None, index, logprobs)
+            await response.write(shapes.sse(chunk))
         if choice.done:
-            end = api.chunk_body(self.req, self.rid, created, None, choice.finish, index)
-            await response.write(api.sse(end))
+            end = shapes.chunk_body(self.req, self.rid, created, None, choice.finish, index)
+            await response.write(shapes.sse(end))

@@ -9,17 +9,8 @@ import orjson
 import pytest
 
 from backend.errors import BadRequest
-from backend.openai_api import (
-    GenerationRequest,
-    choice_body,
-    chunk_body,
-    completion_body,
-    parse_body,
-    parse_generation,
-    sse,
-    usage,
-    usage_chunk,
-)
+from backend.openai_api import GenerationRequest, parse_body, parse_generation
+from backend.shapes import choice_body, chunk_body, completion_body, sse, usage, usage_chunk
 
 MSG = [{"role": "user", "content": "hi"}]
 
