@@ -23,7 +23,7 @@ from typing import Final
 
 from gateway.app import create_app
 from gateway.audit.chain import worker_path
-from gateway.audit.chainfile import check_free
+from gateway.audit.lock import check_free
 from gateway.audit.log import AuditWriteError
 from gateway.metrics import prepare_shared, share_values, worker_exited
 from gateway.policy.load import load_policy

@@ -8,7 +8,6 @@ was found; a file cut below its checkpoint, behind its anchor, or under another 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
@@ -27,20 +26,12 @@ from gateway.audit.chain import (
     head_mac,
     head_path,
     key_check,
-    lock_path,
     rotated_paths,
     sealed,
 )
+from gateway.audit.lock import AuditWriteError, take_lock
 
 log = logging.getLogger("kvfence.gateway.audit")
-
-
-class AuditWriteError(Exception):
-    """The audit record could not be written; the response must fail closed."""
-
-
-class AuditLocked(AuditWriteError):
-    """Another process holds this chain."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,29 +42,6 @@ class Position:
     file_id: str
     seq: int
     tag: str
-
-
-def _lock(path: Path) -> int:
-    fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
-        os.close(fd)
-        raise AuditLocked(
-            f"audit log {path} is held by another process (pid {holder}); one process writes "
-            "each chain: stop that gateway first"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
-
-
-def check_free(path: Path) -> None:
-    """Raise `AuditLocked` when another process holds the chain at `path` (a start-up check:
-    the writer takes the lock for good when it opens the log)."""
-    if path.parent.is_dir():
-        os.close(_lock(path))
 
 
 def _entry(path: Path, line: bytes) -> dict[str, Any]:
@@ -106,7 +74,7 @@ class ChainFile:
         self.fd, self.chain, self.file_id = -1, "", ""
         self.tag, self.seq, self.lines, self.size = GENESIS, 0, 0, 0
         self._lock_fd = -1
-        self._lock_fd = _lock(path)
+        self._lock_fd = take_lock(path)
         try:
             self._open()
         except BaseException:

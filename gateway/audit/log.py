@@ -27,7 +27,8 @@ from gateway.audit.chain import (
     mac_key,
     rotated_paths,
 )
-from gateway.audit.chainfile import AuditLocked, AuditWriteError, ChainFile
+from gateway.audit.chainfile import ChainFile
+from gateway.audit.lock import AuditLocked, AuditWriteError
 
 _STOP: Final = object()
 __all__ = [
