@@ -3,14 +3,15 @@ attestation, writes the OpenAI-shaped answer (JSON or SSE).
 
 Invariant: no response body byte is written before the attestation is signed, and it is signed
 only once every choice's first output (which carries the namespaces of the blocks that choice's
-sequence used) has arrived, so it covers all of them; when streaming, the attestation is the
-first SSE event, and a failed stream never ends with [DONE].
+sequence used, and its prompt's block runs) has arrived, so it covers all of them; when
+streaming, the attestation is the first SSE event, and a failed stream never ends with [DONE].
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -79,6 +80,7 @@ class Generation:
             prompt_tokens=len(self.prompt),
             cached_tokens=self.cached,
             block_namespaces=sorted(used),
+            block_runs=_prompt_runs(firsts.values()),
         )
 
     async def _next(self) -> Tagged:
@@ -179,3 +181,13 @@ class Generation:
         if choice.done:
             end = shapes.chunk_body(self.req, self.rid, created, None, choice.finish, index)
             await response.write(shapes.sse(end))
+
+
+def _prompt_runs(firsts: Iterable[StepOutput]) -> list[tuple[str, int]]:
+    """The prompt's block runs, the same for every choice since they share the prompt and its
+    public segments. Choices that disagree (a bug) get none signed: the attestation then does
+    not account for a public block block by block, and the gateway's check refuses it."""
+    found = {out.block_runs or () for out in firsts}
+    if len(found) != 1:
+        return []
+    return [(ns.value, n) for ns, n in found.pop()]

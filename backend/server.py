@@ -1,7 +1,8 @@
 """The backend's HTTP server. Every request that reaches the engine first passes `_checked`,
 the one place a handle is checked, before any byte of its body is read; the raw body is then
 compared with the handle's digest before it is parsed, and only then is the request id spent;
-only the verifier's `Namespace` reaches the engine. `answer_errors` is the one place an error
+only the verifier's `Namespace` (and the public namespaces it grants, for the leading blocks
+`backend.public` finds in the body) reaches the engine. `answer_errors` is the one place an error
 becomes HTTP.
 
 Invariant: a request without a valid handle never reaches the engine, and its body is not read;
@@ -78,9 +79,10 @@ async def _generate(request: web.Request, endpoint: str) -> web.StreamResponse:
     if req.model != backend.model.name or handle.revision != backend.model.revision:
         raise ModelNotFound(f"model {req.model!r} (this revision) is not served here", "model")
     prompt = prompt_ids(backend.tokenizer, backend.specials, req, backend.model.max_positions)
-    choices = [req.choice_sampling(i) for i in range(req.n)]
+    public = _checked(request, lambda _: backend.public_segments(req, prompt, handle.public))
+    choices = [req.choice_sampling(i) for i in range(req.n)]  # each with the same public grant
     stream_ids, outputs = backend.worker.submit(
-        handle.namespace, prompt, choices, () if req.ignore_eos else backend.eos
+        handle.namespace, prompt, choices, () if req.ignore_eos else backend.eos, public
     )
     run = Generation(backend, req, handle.request_id, handle.namespace, prompt, stream_ids, outputs)
     try:

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backend.engine.sequence import Segment
 from backend.metrics import BackendMetrics
 from backend.model.tokenizer import Tokenizer
+from backend.openai_api import GenerationRequest
 from backend.prompt import special_strings
+from backend.public import public_segments
 from backend.worker import EngineWorker
 from kvfence.attestation import AttestationSigner
 from kvfence.handle import HandleVerifier
+from kvfence.public import PublicGrant
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,3 +45,12 @@ class Backend:
         self.metrics = BackendMetrics()
         self.eos = tuple(tokenizer.eos_ids)
         self.specials = special_strings(tokenizer)
+
+    def public_segments(
+        self, req: GenerationRequest, prompt: list[int], grants: tuple[PublicGrant, ...]
+    ) -> tuple[Segment, ...]:
+        """The prompt's leading blocks that go to the public namespaces `grants` allow."""
+        if not grants:
+            return ()
+        block_size = self.worker.block_size
+        return public_segments(self.tokenizer, self.specials, req, prompt, grants, block_size)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from backend.engine.engine import Engine, StepOutput
 from backend.engine.plan import SamplingParams
+from backend.engine.sequence import Segment
 from backend.errors import BackendError, EngineDown
 from kvfence.capability import Namespace
 
@@ -35,6 +36,7 @@ class _Add:
     prompt: list[int]
     sampling: SamplingParams
     eos: tuple[int, ...]
+    public: tuple[Segment, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,11 @@ class EngineWorker:
             await asyncio.to_thread(self._thread.join, 30.0)
 
     @property
+    def block_size(self) -> int:
+        assert self._engine is not None
+        return self._engine.config.block_size
+
+    @property
     def healthy(self) -> bool:
         return self._error is None and self._thread is not None and self._thread.is_alive()
 
@@ -110,16 +117,19 @@ class EngineWorker:
         prompt: list[int],
         choices: Sequence[SamplingParams],
         eos: tuple[int, ...],
+        public: tuple[Segment, ...] = (),
     ) -> tuple[tuple[int, ...], Outputs]:
         """Queue a request of one sequence per choice (in choice order); returns their stream
-        ids and the one queue all their outputs arrive on, tagged with the choice's index."""
+        ids and the one queue all their outputs arrive on, tagged with the choice's index.
+        `public`: the prompt's leading blocks that belong to public namespaces, the same for
+        every choice since they share the prompt."""
         if self._error is not None:
             raise EngineDown("the engine is not running") from self._error
         outputs: Outputs = asyncio.Queue()
         stream_ids = tuple(next(self._stream_ids) for _ in choices)
         for index, (stream_id, sampling) in enumerate(zip(stream_ids, choices, strict=True)):
             self._streams[stream_id] = (outputs, index)
-            self._commands.put(_Add(stream_id, namespace, prompt, sampling, eos))
+            self._commands.put(_Add(stream_id, namespace, prompt, sampling, eos, public))
         return stream_ids, outputs
 
     def abort(self, stream_id: int) -> None:
@@ -183,7 +193,9 @@ class EngineWorker:
         self, engine: Engine, command: _Add, seq_of: dict[int, int], stream_of: dict[int, int]
     ) -> None:
         try:
-            seq = engine.add(command.namespace, command.prompt, command.sampling, command.eos)
+            seq = engine.add(
+                command.namespace, command.prompt, command.sampling, command.eos, command.public
+            )
         except (BackendError, ValueError) as exc:
             self._post(self._deliver_error, command.stream_id, exc)
             return

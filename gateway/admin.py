@@ -19,6 +19,7 @@ from aiohttp import web
 
 from gateway.liveness import LIVENESS
 from gateway.policy.reload import RELOADER
+from gateway.public import backend_status as public_status
 from gateway.state import HOLDER, METRICS, VERIFY
 from gateway.verify.watch import Watch
 
@@ -66,6 +67,7 @@ async def status(request: web.Request) -> web.Response:
             "required": backend.required,
             "health_check": live.as_json(),
             "verified": backend.verify is not None,
+            "public_prefixes": public_status(policy, backend),
             **health.as_json(),
             "canary_age_s": round(now - health.canary_at, 1) if health.canary_at else None,
         }

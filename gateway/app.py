@@ -1,7 +1,8 @@
 """The gateway application: routes, the filter chain, error mapping, metrics and access log.
 
 Invariant: every proxied request passes authn -> body -> route -> scrub -> allowlist ->
-namespace -> adapter before the proxy, against one policy snapshot; any other path answers 404.
+namespace -> public -> adapter before the proxy, against one policy snapshot; any other path
+answers 404.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from gateway.filters.authn import authenticate
 from gateway.filters.body import read_body
 from gateway.filters.limit import admit
 from gateway.filters.namespace import derive
+from gateway.filters.public import split_public
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
 from gateway.limits import SharedLimits
@@ -71,6 +73,7 @@ CHAIN: Final[tuple[Filter, ...]] = (
     scrub_client_inputs,
     allow_fields,
     derive,
+    split_public,
     inject,
 )
 WATCH = web.AppKey("kvfence_watch", Watch)

@@ -3,7 +3,7 @@ an error becomes OpenAI-style JSON, and `gateway.app`'s middleware the one place
 
 GatewayError
 ├── BadRequest (400): ClientInputRejected, MissingScopeValue, MalformedRequest (edge),
-│   MalformedBody, UnknownField
+│   MalformedBody, UnknownField, PublicMarkRefused
 ├── Unauthenticated (401)
 ├── NotFound (404): ModelNotFound (unknown and forbidden models alike)
 ├── MethodNotAllowed (405, edge), RequestTimeout (408), BodyTooLarge (413), RateLimited (429)
@@ -74,6 +74,13 @@ class UnknownField(BadRequest):
     """A body field the policy does not allow, under `gateway.unknown_fields: reject`."""
 
     code = "unknown_field"
+
+
+class PublicMarkRefused(BadRequest):
+    """`x-kvfence-public-messages` from a tenant the policy does not let mark its own messages
+    public, or that does not name leading plain-text chat messages."""
+
+    code = "public_mark_refused"
 
 
 class Unauthenticated(GatewayError):

@@ -18,6 +18,7 @@ from gateway.policy.model import Tenant
 from gateway.policy.reload import PolicyHolder
 from gateway.policy.runtime import Route, Runtime
 from gateway.verify.service import Verification
+from kvfence.public import PublicPart
 
 
 @dataclass(slots=True)
@@ -50,6 +51,10 @@ PROMPT_CACHE_KEY: web.RequestKey[object] = web.RequestKey(
     "kvfence_prompt_cache_key", object
 )  # filters.scrub
 NAMESPACE = web.RequestKey("kvfence_namespace", str)  # filters.namespace
+# The leading parts of the prompt our backend may cache in public namespaces (may be empty).
+PUBLIC: web.RequestKey[tuple[PublicPart, ...]] = web.RequestKey(
+    "kvfence_public", tuple
+)  # filters.public
 UPSTREAM_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey(
     "kvfence_upstream_headers", dict
 )  # filters.adapter

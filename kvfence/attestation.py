@@ -1,16 +1,17 @@
 """Attestations: the backend's signed statement of which namespaces' blocks a response used.
 
 Invariant: an `Attestation` exists only for a token whose signature verified under a trusted
-backend key; `check_attestation` is the one place that turns it into a verdict.
+backend key; `check_attestation` is the one place that turns it into a verdict, and it accepts a
+public namespace's blocks only where the caller allows that namespace for the request.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -43,6 +44,8 @@ class Attestation:
     block_namespaces: frozenset[str]
     issued_at: float
     digest: str  # sha256 hex of the token text
+    # The namespace of each prompt block in order, run-length encoded: ((namespace, blocks), ...)
+    block_runs: tuple[tuple[str, int], ...] = ()
 
 
 class AttestationSigner:
@@ -69,7 +72,10 @@ class AttestationSigner:
         prompt_tokens: int,
         cached_tokens: int,
         block_namespaces: Iterable[str],
+        block_runs: Sequence[tuple[str, int]] = (),
     ) -> str:
+        """`block_runs`: the namespace of each block of the prompt, in order, as runs of
+        (namespace, blocks): which blocks came from which namespace."""
         if not 0 <= cached_tokens <= prompt_tokens:
             raise ValueError("need 0 <= cached_tokens <= prompt_tokens")
         claims = {
@@ -84,6 +90,8 @@ class AttestationSigner:
             "bns": sorted(set(block_namespaces)),
             "iat": round(self._clock(), 3),
         }
+        if block_runs:
+            claims["blk"] = [[name, blocks] for name, blocks in block_runs]
         return sign_token(ATTESTATION_PREFIX, claims, self._key)
 
 
@@ -107,6 +115,7 @@ class AttestationVerifier:
         names = claim(claims, "bns", list, AttestationError)
         if not all(isinstance(name, str) for name in names):
             raise AttestationError("malformed", "block namespaces must be strings")
+        runs = _runs(claims["blk"]) if "blk" in claims else ()
         return Attestation(
             backend_id=backend_id,
             key_id=claims["kid"],
@@ -117,14 +126,38 @@ class AttestationVerifier:
             block_namespaces=frozenset(names),
             issued_at=float(claim(claims, "iat", (int, float), AttestationError)),
             digest=hashlib.sha256(token.encode("ascii")).hexdigest(),
+            block_runs=runs,
         )
 
 
-def check_attestation(att: Attestation, request_id: str, namespace: str) -> Verdict:
-    """MISMATCH when the attestation is about another request or namespace; VIOLATION when any
-    block it used belongs to a namespace other than the request's; else CLEAN."""
+def _runs(value: Any) -> tuple[tuple[str, int], ...]:
+    ok = isinstance(value, list) and all(
+        isinstance(run, list) and len(run) == 2 and isinstance(run[0], str)
+        and isinstance(run[1], int) and not isinstance(run[1], bool) and run[1] > 0
+        for run in value
+    )  # fmt: skip
+    if not ok:
+        raise AttestationError("malformed", "claim 'blk' is a list of [namespace, blocks]")
+    return tuple((name, blocks) for name, blocks in value)
+
+
+def check_attestation(
+    att: Attestation, request_id: str, namespace: str, public: frozenset[str] = frozenset()
+) -> Verdict:
+    """MISMATCH when the attestation is about another request or namespace, or its block runs
+    do not name the namespaces it lists; VIOLATION when a block it used belongs to a namespace
+    other than the request's and the public ones allowed to this request (`public`), or a public
+    block follows one of the request's own (public blocks can only lead a prompt); else CLEAN."""
     if att.request_id != request_id or att.namespace != namespace:
         return Verdict.MISMATCH
-    if any(name != namespace for name in att.block_namespaces):
+    if any(name != namespace and name not in public for name in att.block_namespaces):
+        return Verdict.VIOLATION
+    used_public = att.block_namespaces & public
+    if not used_public:
+        return Verdict.CLEAN
+    if {name for name, _ in att.block_runs} != att.block_namespaces:
+        return Verdict.MISMATCH  # public blocks must be accounted for block by block
+    owners = [name for name, _ in att.block_runs]
+    if namespace in owners and any(n in public for n in owners[owners.index(namespace) :]):
         return Verdict.VIOLATION
     return Verdict.CLEAN

@@ -18,13 +18,14 @@ _MINT: Final = object()
 class Namespace:
     """A verified cache namespace. Compare and hash by value; never construct directly."""
 
-    __slots__ = ("_value", "ceiling", "floor", "group", "label")
+    __slots__ = ("_value", "ceiling", "ephemeral", "floor", "group", "label")
 
     _value: str
     label: str  # `namespace_label(value)`: the only form logs, metrics and records carry
     group: str  # the capacity group (one per tenant; opaque): its namespaces share one ceiling
     ceiling: float  # the largest share of the KV pool the group may hold
     floor: float  # the share below which other groups may not evict the group's blocks
+    ephemeral: bool  # scope `request`: never cached; its blocks are zeroed as soon as freed
 
     def __init__(
         self,
@@ -33,6 +34,7 @@ class Namespace:
         group: str = "",
         ceiling: float = 1.0,
         floor: float = 0.0,
+        ephemeral: bool = False,
         _token: object = None,
     ) -> None:
         if _token is not _MINT:
@@ -44,6 +46,7 @@ class Namespace:
         object.__setattr__(self, "group", group or self.label)
         object.__setattr__(self, "ceiling", ceiling)
         object.__setattr__(self, "floor", floor)
+        object.__setattr__(self, "ephemeral", ephemeral)
 
     @property
     def value(self) -> str:
@@ -62,9 +65,18 @@ class Namespace:
         return f"Namespace(#{self.label})"
 
 
-def _mint(value: str, group: str = "", ceiling: float = 1.0, floor: float = 0.0) -> Namespace:
+def _mint(
+    value: str,
+    group: str = "",
+    ceiling: float = 1.0,
+    floor: float = 0.0,
+    *,
+    ephemeral: bool = False,
+) -> Namespace:
     """Only `kvfence.handle` (after verification) and tests call this. Without a group the
     namespace is a group of its own."""
     if not value:
         raise ValueError("empty namespace")
-    return Namespace(value, group=group, ceiling=ceiling, floor=floor, _token=_MINT)
+    return Namespace(
+        value, group=group, ceiling=ceiling, floor=floor, ephemeral=ephemeral, _token=_MINT
+    )

@@ -5,7 +5,8 @@ Invariant: `HandleVerifier` is the only production code that mints a `Namespace`
 the signature, key id, lifetime, audience, scope, body and replay checks have all passed. A
 request handle names the SHA-256 of the exact body it was signed for (`bd`): `check` runs before
 a byte of the body is read, `admit` compares the body in constant time and only then spends the
-request id, so a captured handle can neither carry another body nor be burned by one.
+request id, so a captured handle can neither carry another body nor be burned by one. Public
+parts (`pub`) are minted as namespaces of their own, each only for the leading content it names.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import hmac
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -21,12 +23,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from kvfence.capability import Namespace, _mint
 from kvfence.keyfile import TrustStore, b64url, check_key_id
+from kvfence.public import PublicGrant, PublicPart, parse_parts
 from kvfence.replay import ReplayGuard
+from kvfence.share import Share
 from kvfence.token import Clock, TokenError, claim, open_token, sign_token
 
 HANDLE_HEADER: Final = "x-kvfence-handle"
 HANDLE_PREFIX: Final = "kvh1"
-_GROUP_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _DIGEST_RE: Final = re.compile(r"^[A-Za-z0-9_-]{43}$")  # base64url of 32 bytes, unpadded
 
 
@@ -54,23 +57,6 @@ class HandleUnavailable(HandleError):
 
 
 @dataclass(frozen=True, slots=True)
-class Share:
-    """A tenant's capacity in a backend's KV pool, carried by its handles: `group` names the
-    tenant without revealing it (all its namespaces share one ceiling), `ceiling` is the largest
-    share of the pool it may hold, `floor` the share other tenants may not evict it below."""
-
-    group: str
-    ceiling: float
-    floor: float
-
-    def __post_init__(self) -> None:
-        if not _GROUP_RE.fullmatch(self.group):
-            raise ValueError("a capacity group is 1-64 characters of [A-Za-z0-9._-]")
-        if not (0.0 <= self.floor <= self.ceiling <= 1.0 and self.ceiling > 0.0):
-            raise ValueError("need 0 <= floor <= ceiling <= 1 and ceiling > 0")
-
-
-@dataclass(frozen=True, slots=True)
 class SignedHandle:
     """A request handle whose signature, claims, lifetime, audience and scope are checked; not
     yet bound to a body nor admitted (`HandleVerifier.admit`). Carries no capability."""
@@ -85,6 +71,8 @@ class SignedHandle:
     body_digest: str
     seal: object = field(repr=False, compare=False)  # the verifier that checked it
     share: Share | None = None
+    public: tuple[PublicPart, ...] = ()
+    ephemeral: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +84,7 @@ class VerifiedHandle:
     issued_at: float
     expires_at: float
     key_id: str
+    public: tuple[PublicGrant, ...] = ()  # public parts the backend may place and read
 
     def check_model(self, model: str) -> None:
         """The request body must ask for the model the handle names (checked once parsed)."""
@@ -127,6 +116,28 @@ def _share(claims: dict[str, Any]) -> Share | None:
         raise HandleError("malformed", f"claims 'grp'/'sh': {exc}") from None
 
 
+def _public(claims: dict[str, Any]) -> tuple[tuple[PublicPart, ...], bool]:
+    """The public parts (`pub`) and whether the namespace is a request's own (`eph`, only
+    `true`); a request-scoped namespace reads nothing public."""
+    ephemeral = "eph" in claims
+    if ephemeral and claims["eph"] is not True:
+        raise HandleError("malformed", "claim 'eph' is true when present")
+    if "pub" not in claims:
+        return (), ephemeral
+    if ephemeral:
+        raise HandleError("malformed", "a request-scoped handle has no public parts")
+    try:
+        return parse_parts(claims["pub"], claims["ns"]), False
+    except ValueError as exc:
+        raise HandleError("malformed", f"claim 'pub': {exc}") from None
+
+
+def _grant(part: PublicPart) -> PublicGrant:
+    share = part.share
+    namespace = _mint(part.namespace, share.group, share.ceiling, share.floor)
+    return PublicGrant(namespace, part.messages, part.chars, part.digest)
+
+
 class HandleSigner:
     """Mints handles (the gateway's side). Holds the private key; thread-safe."""
 
@@ -153,15 +164,25 @@ class HandleSigner:
         *,
         body: bytes,
         share: Share | None = None,
+        public: Sequence[PublicPart] = (),
+        ephemeral: bool = False,
     ) -> str:
         """A request handle for exactly `body`, the bytes the gateway sends upstream; with
-        `share`, the tenant's capacity group in the backend's pool."""
+        `share`, the tenant's capacity group in the backend's pool; with `public`, the leading
+        parts of the prompt the backend may cache in public namespaces; `ephemeral` for a
+        request-scoped namespace (never cached, zeroed when freed)."""
         if not namespace or not model:
             raise ValueError("namespace and model must be non-empty")
+        if ephemeral and public:
+            raise ValueError("a request-scoped namespace reads nothing public")
         claims = self._claims("handle", request_id, audience, ttl)
         claims.update(ns=namespace, model=model, rev=revision, bd=body_digest(body))
         if share is not None:
             claims.update(grp=share.group, sh=[share.ceiling, share.floor])
+        if public:
+            claims["pub"] = [part.claim() for part in public]
+        if ephemeral:
+            claims["eph"] = True
         return sign_token(HANDLE_PREFIX, claims, self._key)
 
     def sign_admin(
@@ -238,7 +259,10 @@ class HandleVerifier:
             raise HandleError("malformed", "claim 'bd' is not a SHA-256 digest")
         ns, rid, kid = claims["ns"], claims["rid"], claims["kid"]
         share = _share(claims)
-        return SignedHandle(ns, rid, model, revision, iat, exp, kid, digest, self._seal, share)
+        public, ephemeral = _public(claims)
+        return SignedHandle(
+            ns, rid, model, revision, iat, exp, kid, digest, self._seal, share, public, ephemeral
+        )
 
     def admit(self, handle: SignedHandle, body: bytes) -> VerifiedHandle:
         """Bind `handle` to `body`, the raw request body (before it is parsed), then spend its
@@ -251,13 +275,15 @@ class HandleVerifier:
         self._spend(key, handle.expires_at)
         share = handle.share
         namespace = (
-            _mint(handle.namespace, share.group, share.ceiling, share.floor)
+            _mint(handle.namespace, share.group, share.ceiling, share.floor,
+                  ephemeral=handle.ephemeral)
             if share is not None
-            else _mint(handle.namespace)
-        )
+            else _mint(handle.namespace, ephemeral=handle.ephemeral)
+        )  # fmt: skip
         return VerifiedHandle(
             namespace, handle.request_id, handle.model, handle.revision,
             handle.issued_at, handle.expires_at, handle.key_id,
+            tuple(_grant(part) for part in handle.public),
         )  # fmt: skip
 
     def verify(self, token: str | None, body: bytes) -> VerifiedHandle:

@@ -1,7 +1,8 @@
 """Namespace derivation: HMAC-SHA256 over length-prefixed fields, formatted as a cache salt.
 
 Invariant: the result depends only on the key and the (tenant, scope, scope value, model,
-revision) tuple; the same inputs give the same string on every run, worker and host.
+revision) tuple; the same inputs give the same string on every run, worker and host. Canary,
+capacity-group and public namespaces have domain tags of their own.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from typing import Final
 DOMAIN_TAG: Final = b"kvfence/namespace/v1"
 CANARY_TAG: Final = b"kvfence/canary/v1"  # a separate domain: no tenant input can reach it
 GROUP_TAG: Final = b"kvfence/group/v1"
+PUBLIC_TAG: Final = b"kvfence/public/v1"  # public namespaces: their own domain
 KEY_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 SALT_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 MIN_SECRET_BYTES: Final = 32
-SCOPES: Final = ("tenant", "user", "session")
+SCOPES: Final = ("tenant", "user", "session", "request")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +46,12 @@ def _field(value: str) -> bytes:
 def namespace_digest(
     key: NamespaceKey, tenant: str, scope: str, scope_value: str, model: str, revision: str
 ) -> bytes:
-    """The raw 32-byte HMAC. Scope `tenant` must pass an empty scope value."""
+    """The raw 32-byte HMAC. Scope `tenant` must pass an empty scope value, every other scope a
+    non-empty one (scope `request`: a fresh random value per request)."""
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}")
-    if scope == "tenant" and scope_value:
-        raise ValueError("scope 'tenant' takes no scope value")
+    if (scope == "tenant") == bool(scope_value):
+        raise ValueError("scope 'tenant' takes no scope value, every other scope one")
     fields = (DOMAIN_TAG.decode(), tenant, scope, scope_value, model, revision)
     message = b"".join(_field(f) for f in fields)
     return hmac.new(key.secret, message, hashlib.sha256).digest()
@@ -81,6 +84,16 @@ def canary_namespace(key: NamespaceKey, backend: str, model: str, arm: str, roun
     """A reserved namespace for one arm of one canary round: derived under the gateway's key in
     the canary domain, so no tenant, user or session value can ever produce it."""
     fields = (CANARY_TAG.decode(), backend, model, arm, round_id)
+    digest = hmac.new(key.secret, b"".join(_field(f) for f in fields), hashlib.sha256).digest()
+    return format_salt(key.key_id, digest)
+
+
+def public_namespace(key: NamespaceKey, model: str, revision: str, tenant: str = "") -> str:
+    """A public namespace of one model and revision: without `tenant`, the one every tenant may
+    read for the policy's declared prefixes; with it, the one for that tenant's own leading
+    messages it marks public (readable by its users and sessions, never by another tenant).
+    Derived in its own domain, so no tenant namespace can equal it."""
+    fields = (PUBLIC_TAG.decode(), tenant, model, revision)
     digest = hmac.new(key.secret, b"".join(_field(f) for f in fields), hashlib.sha256).digest()
     return format_salt(key.key_id, digest)
 

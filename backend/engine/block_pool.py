@@ -2,9 +2,10 @@
 cached blocks.
 
 Invariant: every block is exactly one of free, used (referenced) or cached-idle; a block is only
-referenced from the namespace that filled it; a block that changes namespace is zeroed first. A
-capacity group (one tenant: all its namespaces) never holds more than its ceiling, and another
-group's allocation never evicts a group's cached blocks below its floor.
+referenced from the namespace that filled it; a block that changes namespace is zeroed first,
+and one freed by a request-scoped (ephemeral) namespace is zeroed at once. A capacity group (one
+tenant: all its namespaces; or the public prefixes) never holds more than its ceiling, and
+another group's allocation never evicts a group's cached blocks below its floor.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ class OutOfBlocksError(AllocationError):
 
 
 class QuotaExceededError(AllocationError):
-    """The namespace's capacity group would hold more than its ceiling."""
+    """The namespace's capacity group (`group`) would hold more than its ceiling."""
+
+    def __init__(self, group: str) -> None:
+        super().__init__(f"capacity group #{group[:12]} is at its ceiling")
+        self.group = group
 
 
 class IntegrityError(AssertionError):
@@ -67,6 +72,7 @@ class BlockPool:
         self.groups = CapacityGroups(num_blocks, max_share)
         self._used = 0
         self._zero: list[int] = []
+        self._scrub: dict[int, None] = {}  # freed by an ephemeral namespace, not yet zeroed
 
     def ceiling(self, namespace: Namespace) -> int:
         """The most blocks the namespace's capacity group may hold at once."""
@@ -98,6 +104,15 @@ class BlockPool:
         zero, self._zero = tuple(self._zero), []
         return zero
 
+    @property
+    def has_scrub(self) -> bool:
+        return bool(self._scrub)
+
+    def take_scrub_blocks(self) -> tuple[int, ...]:
+        """Free blocks a request-scoped namespace left behind; zero them now."""
+        scrub, self._scrub = tuple(self._scrub), {}
+        return scrub
+
     def allocate(self, namespace: Namespace, n: int) -> list[int]:
         """n fresh blocks for namespace, each with one reference; all or nothing. Room comes
         from free blocks, then the group's own idle blocks, then other groups' idle blocks
@@ -105,7 +120,7 @@ class BlockPool:
         group = namespace.group
         over = self.groups.held.get(group, 0) + n - self.ceiling(namespace)
         if over > self._index.idle_count(group):
-            raise QuotaExceededError(f"capacity group #{group[:12]} is at its ceiling")
+            raise QuotaExceededError(group)
         own = self._index.oldest_idle_of(group, max(0, over))  # to stay under the ceiling
         short = n - len(self._free) - len(own)
         idle = self._index.iter_idle()
@@ -118,7 +133,10 @@ class BlockPool:
         for _ in range(n):
             block_id = self._free.popleft()
             block = self._blocks[block_id]
-            if self.zero_on_reuse and block.owner is not None and block.owner != namespace:
+            if block_id in self._scrub:  # its request ended but it is not zeroed yet
+                del self._scrub[block_id]
+                self._zero.append(block_id)
+            elif self.zero_on_reuse and block.owner is not None and block.owner != namespace:
                 self._zero.append(block_id)
             block.owner = namespace
             block.ref = 1
@@ -141,6 +159,8 @@ class BlockPool:
 
     def _to_free(self, block_id: int, owner: Namespace) -> None:
         self._free.append(block_id)
+        if owner.ephemeral:
+            self._scrub[block_id] = None
         left = self._held[owner] - 1
         if left:
             self._held[owner] = left
@@ -191,10 +211,13 @@ class BlockPool:
             self._index.mark_idle(block_id, block.owner)
 
     def cache(self, block_id: int, h: BlockHash, token_ids: Sequence[int]) -> bool:
-        """Index a full, referenced block under h; False if h already names another block."""
+        """Index a full, referenced block under h; False if h already names another block.
+        An ephemeral namespace's blocks are never cached (ValueError)."""
         block = self._blocks[block_id]
         if len(token_ids) != self.block_size:
             raise ValueError("only full blocks are cached")
+        if block.owner is not None and block.owner.ephemeral:
+            raise ValueError("a request-scoped namespace's blocks are never cached")
         if block.ref == 0 or block.hash is not None or block.owner is None:
             raise ValueError(f"block {block_id} cannot be cached now")
         if not self._index.insert(h, block_id, block.owner):
@@ -235,6 +258,7 @@ class BlockPool:
             if i in free:
                 _require(b.hash is None, f"free block {i} is still cached")
                 continue
+            _require(i not in self._scrub, f"block {i} is in use but waits to be zeroed")
             assert b.owner is not None
             held[b.owner] = held.get(b.owner, 0) + 1
             _require(b.ref > 0 or b.hash is not None, f"idle block {i} is not cached")

@@ -1,7 +1,8 @@
 """The engine loop: requests in, one scheduled step per call, tokens out with their provenance.
 
-Invariant: the only way into the KV pool is `add` with a verified `Namespace`; each sequence's
-first output reports the namespaces recorded on the blocks it used, read from block metadata.
+Invariant: the only way into the KV pool is `add` with a verified `Namespace` (and verified
+public namespaces for its leading blocks); each sequence's first output reports the namespaces
+recorded on the blocks it used, and which block came from which, read from block metadata.
 Pure Python: no torch here; the model runs behind the `Runner` protocol.
 """
 
@@ -14,7 +15,13 @@ from dataclasses import dataclass, field
 from backend.engine.block_pool import BlockPool
 from backend.engine.plan import PrefillPolicy, Runner, SamplingParams, TokenLogprobs
 from backend.engine.scheduler import Scheduler
-from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
+from backend.engine.sequence import (
+    FinishReason,
+    Segment,
+    Sequence,
+    SequenceStatus,
+    check_segments,
+)
 from kvfence.capability import Namespace
 
 __all__ = [
@@ -47,8 +54,8 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class StepOutput:
-    """One new token; `cached_tokens` and `block_namespaces` are set on the first output only,
-    `logprobs` on every output of a sequence whose sampling asked for them."""
+    """One new token; `cached_tokens`, `block_namespaces` and `block_runs` are set on the first
+    output only, `logprobs` on every output of a sequence whose sampling asked for them."""
 
     seq_id: int
     token_id: int
@@ -56,6 +63,8 @@ class StepOutput:
     finish_reason: FinishReason | None = None
     cached_tokens: int | None = None
     block_namespaces: frozenset[Namespace] | None = None
+    # The namespace of each block of the prompt, in order, as runs of (namespace, blocks).
+    block_runs: tuple[tuple[Namespace, int], ...] | None = None
     logprobs: TokenLogprobs | None = None
 
 
@@ -108,14 +117,19 @@ class Engine:
         prompt_token_ids: list[int],
         sampling: SamplingParams,
         eos_token_ids: Iterable[int] = (),
+        public: tuple[Segment, ...] = (),
     ) -> int:
-        """Queue a request; ContextLengthExceeded if it can never fit, ValueError if empty."""
-        if not isinstance(namespace, Namespace):
+        """Queue a request; ContextLengthExceeded if it can never fit, ValueError if empty.
+        `public`: the leading blocks that belong to public namespaces (from verified grants)."""
+        if not isinstance(namespace, Namespace) or not all(
+            isinstance(s.namespace, Namespace) for s in public
+        ):
             raise TypeError("the engine accepts only a verified Namespace")
         if not prompt_token_ids:
             raise ValueError("empty prompt")
         if sampling.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
+        check_segments(namespace, public, len(prompt_token_ids) // self.config.block_size)
         seq = Sequence(
             seq_id=next(self._ids),
             namespace=namespace,
@@ -123,16 +137,17 @@ class Engine:
             prompt_len=len(prompt_token_ids),
             sampling=sampling,
             stop_token_ids=frozenset(eos_token_ids) | frozenset(sampling.stop_token_ids),
+            public=public,
         )
         self._scheduler.add(seq)
         return seq.seq_id
 
     def step(self) -> list[StepOutput]:
         """Schedule and run one step; returns the tokens it produced."""
-        if not self._scheduler.has_work():
+        if not self.has_work():
             return []
         plan = self._scheduler.schedule()
-        if not plan.chunks:
+        if not plan.chunks and not plan.zero_blocks:
             return []
         result = self._runner.execute(plan)
         return [
@@ -155,6 +170,7 @@ class Engine:
             reason,
             cached_tokens=seq.cached_tokens,
             block_namespaces=frozenset(seq.block_namespaces),
+            block_runs=seq.block_runs,
             logprobs=logprobs,
         )
 
@@ -173,7 +189,8 @@ class Engine:
         return self._pool.flush(namespace)
 
     def has_work(self) -> bool:
-        return self._scheduler.has_work()
+        """Requests to run, or blocks a request-scoped namespace left that wait to be zeroed."""
+        return self._scheduler.has_work() or self._pool.has_scrub
 
     def stats(self) -> EngineStats:
         pool = self._pool

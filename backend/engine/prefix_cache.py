@@ -1,7 +1,9 @@
 """Block hashes and the prefix-cache index: which full block holds which hash, and LRU order.
 
-Invariant: a chain of block hashes starts at a root derived from one namespace, so two namespaces
-never share a hash; the index maps each hash to at most one block and each cached block to one hash.
+Invariant: every block hash commits to the block's own namespace: a chain starts at a root
+derived from its first block's namespace and is re-rooted under the new namespace wherever it
+crosses into another (from a public prefix into the request's own), so two namespaces never share
+a hash; the index maps each hash to at most one block and each cached block to one hash.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NewType
 
 from kvfence.capability import Namespace
@@ -18,12 +20,18 @@ BlockHash = NewType("BlockHash", bytes)
 
 _ROOT_DOMAIN = b"kvfence.prefix-root.v1\x00"
 _BLOCK_DOMAIN = b"kvfence.block-hash.v1\x00"
+_CROSS_DOMAIN = b"kvfence.prefix-cross.v1\x00"
 _MAX_TOKEN_ID = 2**32 - 1
 
 
 def namespace_root(namespace: Namespace) -> BlockHash:
     """The parent hash of a namespace's first block (domain-separated from block hashes)."""
     return BlockHash(hashlib.sha256(_ROOT_DOMAIN + namespace.value.encode()).digest())
+
+
+def crossing_root(parent: BlockHash, namespace: Namespace) -> BlockHash:
+    """The parent hash of the first block in `namespace` after blocks of another namespace."""
+    return BlockHash(hashlib.sha256(_CROSS_DOMAIN + parent + namespace.value.encode()).digest())
 
 
 def encode_tokens(token_ids: Sequence[int]) -> bytes:
@@ -39,15 +47,25 @@ def block_hash(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
 
 
 def chain_hashes(
-    namespace: Namespace, token_ids: Sequence[int], block_size: int, start: list[BlockHash]
+    namespaces: Namespace | Callable[[int], Namespace],
+    token_ids: Sequence[int],
+    block_size: int,
+    start: list[BlockHash],
 ) -> list[BlockHash]:
-    """Extend `start` (hashes of the first full blocks) to cover every full block of token_ids."""
+    """Extend `start` (hashes of the first full blocks) to cover every full block of token_ids;
+    block i belongs to `namespaces(i)`, or every block to `namespaces` when it is one."""
+    namespace_at = (lambda _: namespaces) if isinstance(namespaces, Namespace) else namespaces
     hashes = start
     full = len(token_ids) // block_size
-    parent = hashes[-1] if hashes else namespace_root(namespace)
     for i in range(len(hashes), full):
-        parent = block_hash(parent, token_ids[i * block_size : (i + 1) * block_size])
-        hashes.append(parent)
+        namespace = namespace_at(i)
+        if i == 0:
+            parent = namespace_root(namespace)
+        elif namespace_at(i - 1) != namespace:
+            parent = crossing_root(hashes[i - 1], namespace)
+        else:
+            parent = hashes[i - 1]
+        hashes.append(block_hash(parent, token_ids[i * block_size : (i + 1) * block_size]))
     return hashes
 
 

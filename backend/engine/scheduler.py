@@ -1,7 +1,8 @@
 """Continuous batching: which sequences run each step, with how many tokens, in which blocks.
 
-Invariant: every scheduled chunk's block table covers the positions it writes; a sequence only
-ever holds blocks of its own namespace (prefix hits are looked up by namespace); per-step work is
+Invariant: every scheduled chunk's block table covers the positions it writes; block i of a
+sequence is only ever a block of `namespace_at(i)` (its own namespace, or a public one for the
+leading blocks its handle allows; prefix hits are looked up by that namespace); per-step work is
 proportional to the running sequences, never to the pool size.
 """
 
@@ -15,6 +16,7 @@ from backend.engine.block_pool import AllocationError, BlockPool, QuotaExceededE
 from backend.engine.plan import PREFILL_POLICIES, Chunk, PrefillPolicy, StepPlan
 from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
 from backend.errors import ContextLengthExceeded
+from kvfence.capability import Namespace
 
 
 class Scheduler:
@@ -51,7 +53,13 @@ class Scheduler:
         return bool(self._waiting or self._running)
 
     def add(self, seq: Sequence) -> None:
-        if -(-seq.num_tokens // self._bs) > self.pool.ceiling(seq.namespace):
+        blocks = -(-seq.num_tokens // self._bs)
+        start = 0
+        for segment in seq.public:  # public blocks count against their own group's ceiling
+            if segment.end - start > self.pool.ceiling(segment.namespace):
+                raise ContextLengthExceeded("the prompt's public prefix exceeds its KV capacity")
+            start = segment.end
+        if blocks - seq.public_blocks > self.pool.ceiling(seq.namespace):
             raise ContextLengthExceeded(
                 f"prompt of {seq.num_tokens} tokens exceeds the namespace's KV capacity"
             )
@@ -84,7 +92,9 @@ class Scheduler:
         if not preempted:
             self._admit(budget, chunks)
         # Zero requests wait for a plan that carries work; only blocks in a chunk are written.
-        return StepPlan(tuple(chunks), self.pool.take_zero_blocks() if chunks else ())
+        # Blocks a request-scoped namespace left are zeroed at once, with or without work.
+        zero = self.pool.take_zero_blocks() if chunks else ()
+        return StepPlan(tuple(chunks), zero + self.pool.take_scrub_blocks())
 
     def _take(self, seq: Sequence, budget: int, chunks: list[Chunk]) -> int:
         """How many of seq's uncomputed tokens this step runs (0: none this step)."""
@@ -109,11 +119,17 @@ class Scheduler:
         )
 
     def _grow(self, seq: Sequence, n: int) -> None:
-        """Allocate the blocks seq needs to hold n more tokens (raises AllocationError)."""
-        need = -(-(seq.num_computed + n) // self._bs) - len(seq.block_table)
-        if need > 0:
-            seq.block_table.extend(self.pool.allocate(seq.namespace, need))
-            seq.block_namespaces.add(seq.namespace)
+        """Allocate the blocks seq needs to hold n more tokens, each in the namespace it belongs
+        to (raises AllocationError; the blocks already allocated stay in the table)."""
+        end = -(-(seq.num_computed + n) // self._bs)
+        while len(seq.block_table) < end:
+            start = len(seq.block_table)
+            namespace = seq.namespace_at(start)
+            stop = start + 1
+            while stop < end and seq.namespace_at(stop) == namespace:
+                stop += 1
+            seq.block_table.extend(self.pool.allocate(namespace, stop - start))
+            seq.block_namespaces.add(namespace)
 
     def _reserve(self, seq: Sequence, n: int) -> bool:
         """Make room for a running sequence, preempting the newest ones; False if seq itself was."""
@@ -121,20 +137,23 @@ class Scheduler:
             try:
                 self._grow(seq, n)
                 return True
-            except QuotaExceededError:
-                victim = self._newest_running(seq)
+            except QuotaExceededError as err:
+                victim = self._newest_running(err.group, seq)
             except AllocationError:
-                victim = self._newest_running(None)
+                victim = self._newest_running(None, seq)
             self._preempt(victim)
             if victim is seq:
                 return False
 
-    def _newest_running(self, same_group_as: Sequence | None) -> Sequence:
+    def _newest_running(self, group: str | None, fallback: Sequence) -> Sequence:
+        """The newest running sequence holding blocks of `group` (any, for None); `fallback`
+        (the one asking) when none does."""
         for seq_id in reversed(self._running):
             seq = self._seqs[seq_id]
-            if same_group_as is None or seq.namespace.group == same_group_as.namespace.group:
+            groups = {seq.namespace.group, *(s.namespace.group for s in seq.public)}
+            if group is None or group in groups:
                 return seq
-        raise AssertionError("a running sequence is always a candidate")
+        return fallback
 
     def _admit(self, budget: int, chunks: list[Chunk]) -> None:
         """Admit waiting sequences in order; one whose group is at its ceiling is skipped, not
@@ -170,18 +189,21 @@ class Scheduler:
     def _apply_hits(self, seq: Sequence) -> None:
         """Map the longest cached prefix of full blocks; the last token is always recomputed."""
         limit = min((seq.num_tokens - 1) // self._bs, len(seq.block_hashes))
+        if seq.namespace.ephemeral:
+            limit = 0  # a request-scoped namespace reuses nothing
         for i in range(limit):
+            namespace = seq.namespace_at(i)
             block_id = self.pool.lookup(
-                seq.namespace, seq.block_hashes[i], seq.block_tokens(i, self._bs)
+                namespace, seq.block_hashes[i], seq.block_tokens(i, self._bs)
             )
             if block_id is None:
                 break
-            self._map_cached(seq, block_id)
+            self._map_cached(seq, block_id, namespace)
         seq.num_computed = len(seq.block_table) * self._bs
         seq.num_indexed_blocks = len(seq.block_table)
 
-    def _map_cached(self, seq: Sequence, block_id: int) -> None:
-        self.pool.acquire(block_id, seq.namespace)
+    def _map_cached(self, seq: Sequence, block_id: int, namespace: Namespace) -> None:
+        self.pool.acquire(block_id, namespace)
         seq.block_table.append(block_id)
         seq.block_namespaces.add(self.pool.owner(block_id))
 
@@ -197,6 +219,8 @@ class Scheduler:
             if not chunk.sample:
                 continue
             token = sampled[chunk.seq_id]
+            if not seq.block_runs:
+                seq.block_runs = self._runs(seq)
             seq.token_ids.append(token)
             seq.hash_full_blocks(self._bs)
             reason = self._stop_reason(seq, token)
@@ -205,7 +229,20 @@ class Scheduler:
             events.append((seq, token))
         return events
 
+    def _runs(self, seq: Sequence) -> tuple[tuple[Namespace, int], ...]:
+        """Which namespace each block of the prompt came from, read from block metadata."""
+        runs: list[tuple[Namespace, int]] = []
+        for block_id in seq.block_table[: -(-seq.prompt_len // self._bs)]:
+            owner = self.pool.owner(block_id)
+            if runs and runs[-1][0] == owner:
+                runs[-1] = (owner, runs[-1][1] + 1)
+            else:
+                runs.append((owner, 1))
+        return tuple(runs)
+
     def _index_full_blocks(self, seq: Sequence) -> None:
+        if seq.namespace.ephemeral:
+            return  # never cached: its blocks go back free, and zeroed, when it ends
         full = seq.num_computed // self._bs
         for i in range(seq.num_indexed_blocks, full):
             tokens = seq.block_tokens(i, self._bs)
@@ -217,7 +254,8 @@ class Scheduler:
             return "stop"
         if seq.num_generated >= seq.sampling.max_tokens:
             return "length"
-        if seq.num_tokens > self.pool.ceiling(seq.namespace) * self._bs:
+        own = self.pool.ceiling(seq.namespace) + seq.public_blocks
+        if seq.num_tokens > own * self._bs:
             return "length"  # the next token could not be stored
         return None
 
@@ -229,8 +267,8 @@ class Scheduler:
 
     def _release_all(self, seq: Sequence) -> None:
         # Tail blocks first, so they sit at the cold end of the LRU and are evicted first.
-        for block_id in reversed(seq.block_table):
-            self.pool.release(block_id, seq.namespace)
+        for i in reversed(range(len(seq.block_table))):
+            self.pool.release(seq.block_table[i], seq.namespace_at(i))
         seq.reset_progress()
 
     def finish(self, seq_id: int, reason: FinishReason) -> bool:

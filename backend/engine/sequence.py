@@ -1,12 +1,14 @@
 """One request's state inside the engine: tokens, progress, block table and provenance.
 
 Invariant: `block_namespaces` is read from the pool's block metadata whenever a block enters the
-block table (allocation or prefix hit); it is never copied from the request and only grows.
+block table (allocation or prefix hit); it is never copied from the request and only grows. Block
+i belongs to `namespace_at(i)`: a leading public segment's namespace, else the request's own.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -15,6 +17,25 @@ from backend.engine.prefix_cache import BlockHash, chain_hashes
 from kvfence.capability import Namespace
 
 FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Blocks [previous segment's end, `end`) of a sequence belong to public `namespace`."""
+
+    namespace: Namespace
+    end: int
+
+
+def check_segments(own: Namespace, public: tuple[Segment, ...], prompt_blocks: int) -> None:
+    """Public segments lead the prompt's full blocks, in order, in namespaces of their own
+    (ValueError otherwise); a request-scoped namespace has none."""
+    ends = [0, *(s.end for s in public)]
+    if any(a >= b for a, b in itertools.pairwise(ends)) or ends[-1] > prompt_blocks:
+        raise ValueError("public segments must be non-empty, in order, within the prompt")
+    names = {s.namespace for s in public}
+    if own in names or len(names) != len(public) or (public and own.ephemeral):
+        raise ValueError("public segments need namespaces of their own")
 
 
 class SequenceStatus(enum.Enum):
@@ -33,6 +54,7 @@ class Sequence:
     prompt_len: int
     sampling: SamplingParams
     stop_token_ids: frozenset[int]
+    public: tuple[Segment, ...] = ()  # leading blocks in public namespaces
     block_hashes: list[BlockHash] = field(default_factory=list)  # one per full block of tokens
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0
@@ -43,6 +65,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     block_namespaces: set[Namespace] = field(default_factory=set)
+    # Set at the first sampled token: each prompt block's namespace, as runs (namespace, blocks).
+    block_runs: tuple[tuple[Namespace, int], ...] = ()
     _snapshot: tuple[int, ...] = ()
 
     def table_snapshot(self) -> tuple[int, ...]:
@@ -60,9 +84,20 @@ class Sequence:
     def num_generated(self) -> int:
         return len(self.token_ids) - self.prompt_len
 
+    @property
+    def public_blocks(self) -> int:
+        return self.public[-1].end if self.public else 0
+
+    def namespace_at(self, index: int) -> Namespace:
+        """The namespace block `index` of this sequence belongs to."""
+        for segment in self.public:
+            if index < segment.end:
+                return segment.namespace
+        return self.namespace
+
     def hash_full_blocks(self, block_size: int) -> None:
         """Extend `block_hashes` to every full block of token_ids (only the new ones are hashed)."""
-        chain_hashes(self.namespace, self.token_ids, block_size, self.block_hashes)
+        chain_hashes(self.namespace_at, self.token_ids, block_size, self.block_hashes)
 
     def block_tokens(self, index: int, block_size: int) -> list[int]:
         return self.token_ids[index * block_size : (index + 1) * block_size]

@@ -10,7 +10,8 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Final
 
 from gateway.policy.model import Backend
-from kvfence.handle import Share
+from kvfence.public import PublicPart
+from kvfence.share import Share
 
 CHAT: Final = "/v1/chat/completions"
 COMPLETIONS: Final = "/v1/completions"
@@ -26,6 +27,9 @@ class Adapter(ABC):
     kind: ClassVar[str]
     scoped: ClassVar[bool] = True
     paths: ClassVar[frozenset[str]] = PROXIED_PATHS
+    # Whether the backend can cache a prompt's leading part in a public namespace and the rest in
+    # the tenant's (kvfence's handles can; a single cache salt per request cannot).
+    splits_public: ClassVar[bool] = False
     # What `gateway.liveness` checks: any answer below 500 means the server is up.
     health_path: ClassVar[str] = "/health"
 
@@ -43,8 +47,11 @@ class Adapter(ABC):
         headers: dict[str, str],
         ns: str,
         share: Share | None = None,
+        public: tuple[PublicPart, ...] = (),
+        ephemeral: bool = False,
     ) -> None:
         """Called after `inject` with `data`, the exact upstream body bytes (`body` encoded); an
         adapter whose scope token covers the body (kvfence's handle) writes it here, with the
-        tenant's capacity `share` in the backend's pool."""
+        tenant's capacity `share` in the backend's pool, the request's `public` parts, and
+        whether its namespace is the request's alone (`ephemeral`, scope `request`)."""
         return

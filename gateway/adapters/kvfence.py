@@ -14,7 +14,9 @@ from typing import Any
 from gateway.adapters.base import CHAT, COMPLETIONS, Adapter
 from gateway.errors import NotSupported
 from gateway.policy.model import Backend
-from kvfence.handle import HANDLE_HEADER, HandleSigner, Share
+from kvfence.handle import HANDLE_HEADER, HandleSigner
+from kvfence.public import PublicPart
+from kvfence.share import Share
 
 UPSTREAM_ID_HEADER = "x-request-id"
 
@@ -22,6 +24,7 @@ UPSTREAM_ID_HEADER = "x-request-id"
 class KvfenceAdapter(Adapter):
     kind = "kvfence"
     paths = frozenset({CHAT, COMPLETIONS})
+    splits_public = True
     health_path = "/readyz"  # 503 while the model loads
 
     def __init__(
@@ -44,6 +47,8 @@ class KvfenceAdapter(Adapter):
         headers: dict[str, str],
         ns: str,
         share: Share | None = None,
+        public: tuple[PublicPart, ...] = (),
+        ephemeral: bool = False,
     ) -> None:
         options = self.backend.kvfence
         assert self.signer is not None and options is not None  # inject refused otherwise
@@ -57,4 +62,6 @@ class KvfenceAdapter(Adapter):
             self.ttl_s,
             body=data,
             share=share,
+            public=public,
+            ephemeral=ephemeral,
         )

@@ -2,8 +2,9 @@
 backend returned; and the audit record that describes it. Pure: no I/O.
 
 Invariant: under `audit: enforce` an answer from our backend passes only when exactly one valid
-attestation says it used nothing but the request's namespace and accounts for the cached tokens
-the answer reports; an answer from any backend that carries a live canary marker, or an
+attestation says it used nothing but the request's namespace (and, for its leading blocks, the
+public namespaces the policy allowed this request) and accounts for the cached tokens the answer
+reports; an answer from any backend that carries a live canary marker, or an
 external server's hit that the history proves foreign, is a violation. No attestation and no
 namespace ever enters a record.
 """
@@ -45,6 +46,7 @@ class AuditContext:
     verifier: AttestationVerifier | None  # None: the backend kind does not attest
     health: Health | None = None  # external scoped backends: the shared canary state, then
     now: float = 0.0
+    public: frozenset[str] = frozenset()  # public namespaces the policy allowed this request
 
     @property
     def attested(self) -> bool:
@@ -120,7 +122,7 @@ def _attested(ctx: AuditContext, verifier: AttestationVerifier, answer: Answer) 
     except AttestationError as exc:
         verdict = Verdict.MISSING if exc.code == "missing" else Verdict.INVALID
         return Judgement(verdict, ctx.enforced)
-    verdict = check_attestation(att, ctx.upstream_id, ctx.namespace)
+    verdict = check_attestation(att, ctx.upstream_id, ctx.namespace, ctx.public)
     if verdict is Verdict.CLEAN and not _accounts(att, answer):
         verdict = Verdict.MISMATCH
     return Judgement(verdict, verdict is not Verdict.CLEAN and ctx.enforced, att)
@@ -155,7 +157,9 @@ def record(
     """One audit log record: `status` is what the client got, `reason` why it is not the
     backend's answer (a local error code), if it is not. Digests only, never a namespace."""
     att = judgement.attestation
-    foreign = [] if att is None else [n for n in att.block_namespaces if n != ctx.namespace]
+    allowed = ctx.public | {ctx.namespace}
+    foreign = [] if att is None else [n for n in att.block_namespaces if n not in allowed]
+    public = 0 if att is None else sum(n for name, n in att.block_runs if name in ctx.public)
     return {
         "time": round(time.time(), 3),
         "request_id": ctx.request_id,
@@ -174,4 +178,5 @@ def record(
         "markers": answer.markers,
         "attestation": att.digest if att is not None else None,
         "foreign_namespaces": sorted(namespace_label(n) for n in foreign),
+        "public_blocks": public,
     }

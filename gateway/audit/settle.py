@@ -22,6 +22,7 @@ from gateway.metrics import Metrics
 from gateway.state import (
     METRICS,
     NAMESPACE,
+    PUBLIC,
     REQUEST_ID,
     ROUTE,
     RUNTIME,
@@ -50,6 +51,7 @@ def audit_context(request: web.Request) -> AuditContext:
         verifier=request[RUNTIME].attestations.get(route.backend.name),
         health=request.app[VERIFY].health.get(route.backend.name),
         now=time.time(),
+        public=frozenset(part.namespace for part in request.get(PUBLIC, ())),
     )
 
 

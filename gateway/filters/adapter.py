@@ -12,11 +12,13 @@ from aiohttp import web
 
 from gateway import jsonbody
 from gateway.adapters.base import CHAT, COMPLETIONS
+from gateway.policy.model import Scope
 from gateway.state import (
     BODY,
     DROP_USAGE,
     METRICS,
     NAMESPACE,
+    PUBLIC,
     REQUEST_ID,
     ROUTE,
     RUNTIME,
@@ -50,6 +52,9 @@ async def inject(request: web.Request) -> None:
     streaming = body.get("stream") is True and request.path in (CHAT, COMPLETIONS)
     request[DROP_USAGE] = _ask_for_usage(body) if streaming else False
     data = jsonbody.dumps(body)
-    route.adapter.bind(data, body, headers, ns, request[RUNTIME].shares.get(request[TENANT].id))
+    tenant = request[TENANT]
+    share = request[RUNTIME].shares.get(tenant.id)
+    ephemeral = tenant.scope is Scope.REQUEST
+    route.adapter.bind(data, body, headers, ns, share, request.get(PUBLIC, ()), ephemeral)
     request[UPSTREAM_BODY] = data
     request[UPSTREAM_HEADERS] = headers

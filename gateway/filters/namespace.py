@@ -1,11 +1,13 @@
 """Namespace: the tenant's scope value (none, user or session) and the derived namespace.
 
-A tenant can narrow its namespace (user, session) but never leave it: the tenant id is always
-part of the derivation, and a missing user or session id is refused rather than widened.
+A tenant can narrow its namespace (user, session, request) but never leave it: the tenant id is
+always part of the derivation, and a missing user or session id is refused rather than widened;
+scope `request` takes a fresh random value each time.
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Final
 
 from aiohttp import web
@@ -20,6 +22,8 @@ MAX_SCOPE_VALUE: Final = 512
 def _scope_value(tenant: Tenant, body: dict[str, Any], request: web.Request) -> str:
     if tenant.scope is Scope.TENANT:
         return ""
+    if tenant.scope is Scope.REQUEST:
+        return secrets.token_hex(16)  # a namespace no other request will ever derive
     value = request.headers.get(tenant.scope_header) if tenant.scope_header else None
     if not value:
         value = body.get("user") if tenant.scope is Scope.USER else request.get(PROMPT_CACHE_KEY)

@@ -23,10 +23,12 @@ from gateway.policy.model import (
     Listen,
     NamespaceKeySpec,
     Policy,
+    PublicSettings,
     Timeouts,
     UnknownFieldMode,
 )
 from gateway.policy.node import Bail, Node, PolicyError, compose, guarded
+from gateway.policy.public import read_public
 from gateway.policy.secrets import resolve
 from gateway.policy.tenants import read_tenants
 from gateway.policy.verify import read_admin, read_history
@@ -35,6 +37,7 @@ from kvfence.namespace import KEY_ID_RE, MIN_SECRET_BYTES
 
 _F = frozenset
 _TOP = _F({"version", "gateway", "backends", "tenants"})
+_TOP_OPT = _F({"public"})
 _GATEWAY_REQ = _F({"namespace_keys", "api_key_pepper"})
 _GATEWAY_OPT = _F(
     {"listen", "client_inputs", "timeouts", "limits", "access_log", "handle_key", "handle_ttl_s"}
@@ -176,7 +179,7 @@ def parse_policy(
     base = Path(".") if base is None else base
     root = compose(text, source)
     errors = root.errors
-    fields = guarded(lambda: root.mapping(_TOP, _F()))
+    fields = guarded(lambda: root.mapping(_TOP, _TOP_OPT))
     if fields is None:
         raise PolicyError(errors.lines)
     version = guarded(lambda: fields["version"].exactly(1))
@@ -185,9 +188,12 @@ def parse_policy(
     served = {m.name for b in backends for m in b.models}
     unread = named_models(fields["backends"]) - served
     tenants = read_tenants(fields["tenants"], served, base, unread)
+    public = PublicSettings()
+    if "public" in fields:
+        public = guarded(lambda: read_public(fields["public"], served | unread, base)) or public
     if errors.lines or version is None or settings is None:
         raise PolicyError(errors.lines)
-    return Policy(source, version, settings, backends, tenants)
+    return Policy(source, version, settings, backends, tenants, public)
 
 
 def load_policy(path: str | Path) -> Policy:

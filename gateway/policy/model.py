@@ -19,6 +19,7 @@ class Scope(StrEnum):
     TENANT = "tenant"
     USER = "user"
     SESSION = "session"
+    REQUEST = "request"  # each request its own namespace: no reuse at all
 
 
 class ClientInputMode(StrEnum):
@@ -247,6 +248,16 @@ class TenantCache:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantPublic:
+    """Which public prefixes a tenant's requests use: the policy's declared ones (`declared`),
+    and its own leading messages it marks public per request (`own`; shared by its users and
+    sessions, never with another tenant)."""
+
+    declared: bool = True
+    own: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Tenant:
     id: str
     api_keys: tuple[str, ...]
@@ -255,6 +266,33 @@ class Tenant:
     scope_header: str | None = None  # where a user or session id may arrive besides the body
     limits: TenantLimits = TenantLimits()
     cache: TenantCache = TenantCache()
+    public: TenantPublic = TenantPublic()
+
+
+@dataclass(frozen=True, slots=True)
+class PublicPrefix:
+    """A declared public prefix of one model: leading chat messages as (role, content), roles as
+    our backend reads them; `text` when declared as one text (a system message for chat, the
+    leading text of a completion prompt)."""
+
+    name: str
+    model: str
+    messages: tuple[tuple[str, str], ...]
+    text: str | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(len(content) for _, content in self.messages)
+
+
+@dataclass(frozen=True, slots=True)
+class PublicSettings:
+    """The policy's public prefixes and their capacity in our backends' KV pools: a group of
+    their own, counted against no tenant's ceiling, that tenants may not evict below `floor`."""
+
+    prefixes: tuple[PublicPrefix, ...] = ()
+    ceiling: float = 0.25
+    floor: float = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +302,7 @@ class Policy:
     gateway: GatewaySettings
     backends: tuple[Backend, ...]
     tenants: tuple[Tenant, ...]
+    public: PublicSettings = PublicSettings()
 
     def summary(self) -> str:
         models = sum(len(b.models) for b in self.backends)

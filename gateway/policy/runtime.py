@@ -15,11 +15,13 @@ import aiohttp
 from gateway.adapters.base import Adapter
 from gateway.adapters.kvfence import KvfenceAdapter
 from gateway.adapters.registry import ADAPTERS
-from gateway.policy.model import Backend, ModelSpec, Policy, Tenant
+from gateway.policy.model import Backend, ModelSpec, Policy, PublicPrefix, Scope, Tenant
 from kvfence.apikey import is_well_formed, key_digest
 from kvfence.attestation import AttestationVerifier
-from kvfence.handle import HandleSigner, Share
-from kvfence.namespace import NamespaceKey, capacity_group, derive_namespace
+from kvfence.handle import HandleSigner
+from kvfence.namespace import NamespaceKey, capacity_group, derive_namespace, public_namespace
+from kvfence.public import PUBLIC_GROUP
+from kvfence.share import Share
 
 NAMESPACE_CACHE_SIZE: Final = 65536
 
@@ -50,6 +52,8 @@ class Runtime:
         "allowed",
         "attestations",
         "policy",
+        "public_prefixes",
+        "public_share",
         "routes",
         "shares",
         "upstream_timeout",
@@ -85,6 +89,14 @@ class Runtime:
             )
             for t in policy.tenants
         }
+        # Model -> its declared public prefixes, longest first (the longest match wins).
+        by_model: dict[str, list[PublicPrefix]] = {}
+        for prefix in policy.public.prefixes:
+            by_model.setdefault(prefix.model, []).append(prefix)
+        self.public_prefixes = {
+            model: tuple(sorted(found, key=lambda p: -p.size)) for model, found in by_model.items()
+        }
+        self.public_share = Share(PUBLIC_GROUP, policy.public.ceiling, policy.public.floor)
         # aiohttp's share of the upstream deadlines; the first byte has its own (see proxy).
         self.upstream_timeout = aiohttp.ClientTimeout(
             sock_connect=policy.gateway.timeouts.connect_s
@@ -102,6 +114,11 @@ class Runtime:
         return tenant
 
     def namespace(self, tenant: Tenant, scope_value: str, route: Route) -> str:
+        if tenant.scope is Scope.REQUEST:  # a fresh value each time: nothing worth keeping
+            return derive_namespace(
+                self._ns_key, tenant.id, tenant.scope.value, scope_value,
+                route.model.name, route.model.revision,
+            )  # fmt: skip
         cache_key = (tenant.id, scope_value, route.model.name, route.model.revision)
         ns = self._cache.get(cache_key)
         if ns is None:
@@ -112,6 +129,21 @@ class Runtime:
                 scope_value,
                 route.model.name,
                 route.model.revision,
+            )
+            if len(self._cache) >= NAMESPACE_CACHE_SIZE:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[cache_key] = ns
+        return ns
+
+    def public_namespace(self, route: Route, tenant: Tenant | None = None) -> str:
+        """The public namespace of the route's model: the declared prefixes' one, or with
+        `tenant`, that tenant's own (for the messages it marks public)."""
+        cache_key = ("\x00public", tenant.id if tenant else "", route.model.name,
+                     route.model.revision)  # fmt: skip
+        ns = self._cache.get(cache_key)
+        if ns is None:
+            ns = public_namespace(
+                self._ns_key, route.model.name, route.model.revision, tenant.id if tenant else ""
             )
             if len(self._cache) >= NAMESPACE_CACHE_SIZE:
                 self._cache.pop(next(iter(self._cache)))

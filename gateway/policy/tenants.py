@@ -13,8 +13,9 @@ from pathlib import Path
 import yaml
 
 from gateway.filters.sanitize import is_scoping_header
-from gateway.policy.model import Scope, Tenant, TenantCache, TenantLimits
+from gateway.policy.model import Scope, Tenant, TenantCache, TenantLimits, TenantPublic
 from gateway.policy.node import Node, unique_items
+from gateway.policy.public import read_tenant_public
 from kvfence.apikey import TENANT_ID_RE, is_digest
 
 _F = frozenset
@@ -37,7 +38,7 @@ def _key_digests(node: Node, base: Path) -> list[tuple[Node, str]]:
 def _tenant(
     item: Node, served: set[str], unread: set[str], digests: set[str], base: Path
 ) -> Tenant:
-    f = item.mapping(_TENANT_REQ, _F({"scope_header", "limits", "cache"}))
+    f = item.mapping(_TENANT_REQ, _F({"scope_header", "limits", "cache", "public"}))
     scope = Scope(f["scope"].choice(tuple(s.value for s in Scope)))
     keys = []
     for entry in f["api_keys"].items():
@@ -59,8 +60,14 @@ def _tenant(
         header = f["scope_header"].text(_HEADER_RE, "naming an HTTP header").lower()
         if is_scoping_header(header):
             f["scope_header"].fail("names a header the gateway reserves for cache scoping")
+        if scope is Scope.REQUEST:
+            f["scope_header"].fail("scope request takes no scope header")
     limits = _limits(f["limits"]) if "limits" in f else TenantLimits()
     cache = _cache(f["cache"]) if "cache" in f else TenantCache()
+    if "public" in f:
+        public = read_tenant_public(f["public"], scope)
+    else:
+        public = TenantPublic(declared=scope is not Scope.REQUEST)
     return Tenant(
         f["id"].text(TENANT_ID_RE, "of [A-Za-z0-9._-], at most 64"),
         tuple(keys),
@@ -69,6 +76,7 @@ def _tenant(
         header,
         limits,
         cache,
+        public,
     )
 
 

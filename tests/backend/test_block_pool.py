@@ -23,6 +23,7 @@ from backend.engine.block_pool import (
 )
 from backend.engine.prefix_cache import BlockHash, block_hash, namespace_root
 from kvfence.capability import Namespace, _mint
+from kvfence.public import PUBLIC_GROUP
 
 A = _mint("tenant-a")
 B = _mint("tenant-b")
@@ -55,6 +56,22 @@ def test_block_reused_by_another_namespace_is_reported_for_zeroing() -> None:
     assert pool.take_zero_blocks() == (block,)
     assert pool.take_zero_blocks() == ()  # drained
     assert pool.owner(block) == B
+
+
+def test_blocks_of_a_request_scoped_namespace_are_zeroed_when_freed() -> None:
+    pool = BlockPool(2, BS, zero_on_reuse=False)
+    once = _mint("request-1", ephemeral=True)
+    first, second = pool.allocate(once, 2)
+    with pytest.raises(ValueError):
+        pool.cache(first, block_hash(namespace_root(once), [1, 2]), [1, 2])  # never cached
+    pool.release(first, once)
+    assert pool.has_scrub and pool.take_scrub_blocks() == (first,)  # at once, not on reuse
+    pool.release(second, once)
+    assert pool.allocate(A, 1) == [first]  # already zeroed: nothing more to do
+    assert pool.take_zero_blocks() == ()
+    assert pool.allocate(A, 1) == [second]  # reused before its scrub ran: zeroed before writing
+    assert pool.take_zero_blocks() == (second,) and not pool.has_scrub
+    pool.check_integrity()
 
 
 def test_zero_on_reuse_can_be_turned_off() -> None:
@@ -213,9 +230,13 @@ def test_floors_that_would_reserve_more_than_half_are_scaled_down() -> None:
     pool.check_integrity()
 
 
+PUBLIC = _mint("public", PUBLIC_GROUP, 0.25, 0.25)  # the declared public prefixes
+
+
 class GroupMachine(RuleBasedStateMachine):
-    """Random allocations and releases by two tenants (one with two users) and a flooder:
-    ceilings hold, and nobody is pushed below its floor by anyone else."""
+    """Random allocations and releases by two tenants (one with two users), the public
+    prefixes and a flooder: ceilings hold, and nobody (the public group included) is pushed
+    below its floor by anyone else."""
 
     held = Bundle("held")
     FLOOD = _mint("flood", "flood", 1.0, 0.0)
@@ -225,14 +246,17 @@ class GroupMachine(RuleBasedStateMachine):
         self.pool = BlockPool(12, BS)
         self.serial = 0
 
-    @rule(target=held, ns=st.sampled_from([A1, A2, G, FLOOD]), n=st.integers(1, 4))
+    @rule(target=held, ns=st.sampled_from([A1, A2, G, FLOOD, PUBLIC]), n=st.integers(1, 4))
     def allocate(self, ns: Namespace, n: int) -> object:
-        before = {g: group_held(self.pool, g) for g in ("acme", "globex", "flood")}
+        before = {g: group_held(self.pool, g) for g in ("acme", "globex", PUBLIC_GROUP)}
         try:
             blocks = self.pool.allocate(ns, n)
         except AllocationError:
             return multiple()
-        for group, floor in (("acme", 3), ("globex", 3)):
+        # Floors of 3 blocks each (a quarter of 12); together they reserve 9, more than half
+        # the pool, so each is scaled down to 6 * 3 // 9 = 2.
+        floors = (("acme", 2), ("globex", 2), (PUBLIC_GROUP, 2))
+        for group, floor in floors:
             if group != ns.group:
                 assert group_held(self.pool, group) >= min(before[group], floor)
         return multiple(*((ns, b) for b in blocks))
@@ -250,6 +274,7 @@ class GroupMachine(RuleBasedStateMachine):
     def integrity(self) -> None:
         self.pool.check_integrity()
         assert group_held(self.pool, "acme") <= 6 and group_held(self.pool, "globex") <= 6
+        assert group_held(self.pool, PUBLIC_GROUP) <= 3  # counted apart from every tenant
 
 
 GroupMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)

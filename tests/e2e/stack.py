@@ -72,9 +72,11 @@ def write_policy(
     *,
     audit: str = "enforce",
     tenants: dict[str, str] | None = None,
+    extra: str = "",
 ) -> Path:
     """The stack's policy; `tenants` replaces a tenant's `scope: tenant` with other settings
-    (e.g. `{"globex": "scope: user, cache: {ceiling: 0.5, floor: 0.25}"}`)."""
+    (e.g. `{"globex": "scope: user, cache: {ceiling: 0.5, floor: 0.25}"}`); `extra` is appended
+    (top-level sections such as `public:`)."""
     digests = {t: key_digest(PEPPER.encode(), k) for t, k in keys.api_keys.items()}
     text = textwrap.dedent(f"""\
         version: 1
@@ -99,6 +101,7 @@ def write_policy(
         """)
     settings = {"acme": "scope: tenant", "globex": "scope: tenant", **(tenants or {})}
     text = text.replace("{acme}", settings["acme"]).replace("{globex}", settings["globex"])
+    text += extra
     path = keys.folder / f"policy-{audit}.yaml"
     path.write_text(text)
     return path
@@ -114,6 +117,19 @@ def make_backend(
 ) -> web.Application:
     """Our backend app; `leaky` swaps in the test double that maps a foreign block into new
     requests (tests/backend/leaky_engine.py), or only into those `leak_into` picks."""
+    return backend_and_runner(loaded, keys, leaky=leaky, blocks=blocks, leak_into=leak_into)[0]
+
+
+def backend_and_runner(
+    loaded: LoadedModel,
+    keys: Keys,
+    *,
+    leaky: bool = False,
+    blocks: int = 256,
+    leak_into: Callable[[Sequence], bool] | None = None,
+) -> tuple[web.Application, ModelRunner]:
+    """`make_backend`, and its model runner (whose KV pool a test may read once the engine
+    is idle)."""
     runner = ModelRunner(loaded, num_blocks=blocks, block_size=16)
     config = EngineConfig(num_blocks=blocks, block_size=16)
     engine = (LeakyEngine if leaky else Engine)(runner, config)
@@ -126,7 +142,7 @@ def make_backend(
         HandleVerifier(TrustStore.from_file(keys.folder / "backend-trust.json"), AUDIENCE),
         AttestationSigner(load_private_key(keys.folder / "be.key"), "be", AUDIENCE),
     )
-    return create_backend(backend)
+    return create_backend(backend), runner
 
 
 async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
@@ -169,9 +185,10 @@ async def running_stack(
     *,
     audit: str = "enforce",
     tenants: dict[str, str] | None = None,
+    extra: str = "",
 ) -> AsyncIterator[Stack]:
     backend_runner, backend_url = await serve(backend)
-    policy = write_policy(keys, backend_url, model, audit=audit, tenants=tenants)
+    policy = write_policy(keys, backend_url, model, audit=audit, tenants=tenants, extra=extra)
     gateway = create_gateway(load_policy(policy))
     gateway_runner = await start(gateway, "127.0.0.1", 0)
     session = aiohttp.ClientSession()

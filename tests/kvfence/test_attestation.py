@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvfence.attestation import (
+    ATTESTATION_PREFIX,
     Attestation,
     AttestationError,
     AttestationSigner,
@@ -13,6 +14,7 @@ from kvfence.attestation import (
     check_attestation,
 )
 from kvfence.keyfile import TrustStore, generate_key
+from kvfence.token import sign_token
 from kvfence.verdict import Verdict
 
 KEY = generate_key()
@@ -90,3 +92,41 @@ def test_check_attestation_verdicts() -> None:
 def test_signer_refuses_impossible_counts() -> None:
     with pytest.raises(ValueError):
         SIGNER.sign("req-1", "ns-a", 10, 11, [])
+
+
+def with_runs(runs: list[tuple[str, int]], namespaces: list[str] | None = None) -> Attestation:
+    names = sorted({n for n, _ in runs}) if namespaces is None else namespaces
+    token = SIGNER.sign("req-1", "ns-a", 40, 32, names, runs)
+    return AttestationVerifier(TRUST).verify(token)
+
+
+def test_block_runs_say_which_blocks_came_from_which_namespace() -> None:
+    att = with_runs([("pub", 2), ("ns-a", 1)])
+    assert att.block_runs == (("pub", 2), ("ns-a", 1))
+    assert att.block_namespaces == frozenset({"pub", "ns-a"})
+    assert verified(["ns-a"]).block_runs == ()  # absent when not sent
+
+
+def test_public_blocks_pass_only_where_the_policy_allowed_that_namespace() -> None:
+    allowed = frozenset({"pub"})
+    assert check_attestation(with_runs([("pub", 2), ("ns-a", 1)]), "req-1", "ns-a", allowed) == (
+        "clean"
+    )
+    # the same blocks without the allowance, or another public namespace: a violation
+    assert check_attestation(with_runs([("pub", 2), ("ns-a", 1)]), "req-1", "ns-a") == "violation"
+    other = with_runs([("pub-2", 2), ("ns-a", 1)])
+    assert check_attestation(other, "req-1", "ns-a", allowed) == "violation"
+    # public blocks only lead a prompt: one after the request's own is a violation
+    late = with_runs([("pub", 1), ("ns-a", 1), ("pub", 1)])
+    assert check_attestation(late, "req-1", "ns-a", allowed) == "violation"
+    # public blocks the runs do not account for: mismatch
+    unaccounted = with_runs([("ns-a", 3)], namespaces=["ns-a", "pub"])
+    assert check_attestation(unaccounted, "req-1", "ns-a", allowed) == "mismatch"
+
+
+@pytest.mark.parametrize("runs", [[["ns-a"]], [["ns-a", 0]], [["ns-a", True]], "x", [[1, 2]]])
+def test_malformed_block_runs_are_refused(runs: object) -> None:
+    claims = {"v": 1, "typ": "attestation", "kid": "be-key", "bid": "be-1", "rid": "r",
+              "ns": "ns-a", "pt": 1, "ct": 0, "bns": ["ns-a"], "iat": 1.0, "blk": runs}  # fmt: skip
+    with pytest.raises(AttestationError):
+        AttestationVerifier(TRUST).verify(sign_token(ATTESTATION_PREFIX, claims, KEY))
