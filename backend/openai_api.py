@@ -1,4 +1,5 @@
-"""OpenAI request parsing and response shapes for the backend. Pure functions, no I/O.
+"""OpenAI request parsing for the backend (the answers' shapes: backend.shapes). Pure functions,
+no I/O.
 
 Invariant: anything a client sends is validated here into a frozen `GenerationRequest`; a bad
 field is a `BadRequest` (HTTP 400) naming the field, never an exception from deep inside.
@@ -6,17 +7,21 @@ field is a `BadRequest` (HTTP 400) naming the field, never an exception from dee
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
 from backend.engine.plan import SamplingParams
 from backend.errors import BadRequest
+from backend.fields import check_fields
 
 MAX_TOKENS_DEFAULT = 256
 MAX_TOKENS_LIMIT = 4096
+N_LIMIT = 8  # each choice is a sequence of its own in the engine: its own blocks and batch slot
+TOP_LOGPROBS_LIMIT = 20  # OpenAI's, on chat
+COMPLETION_LOGPROBS_LIMIT = 5  # OpenAI's, on completions
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +35,20 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens
+    n: int = 1  # choices
+
+    @property
+    def logprobs(self) -> bool:
+        return self.sampling.logprobs is not None
+
+    def choice_sampling(self, index: int) -> SamplingParams:
+        """Choice `index`'s sampling: with a seed, each choice draws from a seed of its own
+        (choice 0 from the request's, so n=1 answers are those of n=1)."""
+        seed = self.sampling.seed
+        if seed is None or index == 0:
+            return self.sampling
+        digest = hashlib.sha256(f"{seed}:choice:{index}".encode()).digest()
+        return replace(self.sampling, seed=int.from_bytes(digest[:8], "little") >> 1)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -59,8 +78,7 @@ def parse_generation(body: dict[str, Any], endpoint: str) -> GenerationRequest:
     if not isinstance(options, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
     include_usage = _bool(options, "include_usage", False, "stream_options")
-    if _number(body, "n", 1, 1, 1) != 1:
-        raise BadRequest("only n=1 is supported", "n")
+    n = _integer(body, "n", 1, 1, N_LIMIT)
     newer = body.get("max_completion_tokens") is not None
     limit_key = "max_completion_tokens" if newer else "max_tokens"
     max_tokens = _integer(body, limit_key, MAX_TOKENS_DEFAULT, 1, MAX_TOKENS_LIMIT)
@@ -72,12 +90,31 @@ def parse_generation(body: dict[str, Any], endpoint: str) -> GenerationRequest:
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
         seed=seed,
+        logprobs=_logprobs(body) if endpoint == "chat" else _completion_logprobs(body),
     )
     stop = _stop(body.get("stop"))
     ignore_eos = _bool(body, "ignore_eos", False)
+    check_fields(body, endpoint)  # last: a missing required field is the better message
     return GenerationRequest(
-        endpoint, model, messages, prompt, sampling, stop, stream, include_usage, ignore_eos
+        endpoint, model, messages, prompt, sampling, stop, stream, include_usage, ignore_eos, n
     )
+
+
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """Chat's `logprobs` and `top_logprobs`: None (off) or how many alternatives to list."""
+    top = body.get("top_logprobs")
+    if not _bool(body, "logprobs", False):
+        if top is not None:
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return None
+    return _integer(body, "top_logprobs", 0, 0, TOP_LOGPROBS_LIMIT)
+
+
+def _completion_logprobs(body: dict[str, Any]) -> int | None:
+    """The completions endpoint's `logprobs`: None (off) or how many alternatives to list."""
+    if body.get("logprobs") is None:
+        return None
+    return _integer(body, "logprobs", 0, 0, COMPLETION_LOGPROBS_LIMIT)
 
 
 def _messages(value: Any) -> tuple[dict[str, str], ...]:
@@ -88,6 +125,16 @@ def _messages(value: Any) -> tuple[dict[str, str], ...]:
         if not isinstance(message, dict):
             raise BadRequest(f"messages[{i}] must be an object", "messages")
         role, content = message.get("role"), message.get("content")
+        if (
+            role in {"tool", "function"}
+            or message.get("tool_calls")
+            or message.get("function_call")
+        ):
+            raise BadRequest(
+                f"messages[{i}] holds a tool call or its result: tool calling is not "
+                "implemented by this backend",
+                "messages",
+            )
         if role not in {"system", "user", "assistant", "developer"}:
             raise BadRequest(f"messages[{i}].role is not supported", "messages")
         if isinstance(content, list):  # content parts: only text is supported
@@ -154,77 +201,3 @@ def _number(body: dict[str, Any], key: str, default: float, low: float, high: fl
     if not low <= value <= high:
         raise BadRequest(f"'{key}' must be between {low:g} and {high:g}", key)
     return float(value)
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
-def completion_body(
-    req: GenerationRequest, rid: str, text: str, finish: str, use: dict[str, Any]
-) -> dict[str, Any]:
-    created = int(time.time())
-    if req.endpoint == "chat":
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish,
-            "logprobs": None,
-        }
-        return {
-            "id": rid,
-            "object": "chat.completion",
-            "created": created,
-            "model": req.model,
-            "choices": [choice],
-            "usage": use,
-        }
-    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": req.model,
-        "choices": [choice],
-        "usage": use,
-    }
-
-
-def chunk_body(
-    req: GenerationRequest, rid: str, created: int, text: str | None, finish: str | None
-) -> dict[str, Any]:
-    if req.endpoint == "chat":
-        delta: dict[str, Any] = {} if text is None else {"content": text}
-        choice: dict[str, Any] = {
-            "index": 0,
-            "delta": delta,
-            "finish_reason": finish,
-            "logprobs": None,
-        }
-        obj = "chat.completion.chunk"
-    else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice]}
-
-
-def usage_chunk(req: GenerationRequest, rid: str, created: int, use: dict[str, Any]) -> bytes:
-    obj = "chat.completion.chunk" if req.endpoint == "chat" else "text_completion"
-    body = {
-        "id": rid,
-        "object": obj,
-        "created": created,
-        "model": req.model,
-        "choices": [],
-        "usage": use,
-    }
-    return sse(body)
-
-
-def sse(body: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(body) + b"\n\n"

@@ -16,7 +16,7 @@ from backend.engine.sequence import Segment
 from backend.model.tokenizer import Tokenizer
 from backend.openai_api import GenerationRequest
 from backend.prompt import UnsafeTemplate, has_specials, public_chat_ids
-from kvfence.handle import HandleForbidden
+from kvfence.handle_errors import HandleForbidden
 from kvfence.public import PublicGrant, chat_digest, text_digest
 
 

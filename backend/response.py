@@ -1,28 +1,33 @@
-"""One admitted generation: reads the engine's outputs, signs the attestation, writes the
-OpenAI-shaped answer (JSON or SSE).
+"""One admitted generation: reads the engine's outputs for each of its choices, signs the
+attestation, writes the OpenAI-shaped answer (JSON or SSE).
 
-Invariant: no response body byte is written before the attestation is signed; when streaming,
-the attestation is the first SSE event, and a failed stream never ends with [DONE].
+Invariant: no response body byte is written before the attestation is signed, and it is signed
+only once every choice's first output (which carries the namespaces of the blocks that choice's
+sequence used, and its prompt's block runs) has arrived, so it covers all of them; when
+streaming, the attestation is the first SSE event, and a failed stream never ends with [DONE].
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from backend import openai_api as api
+from backend import shapes
+from backend.choice import Choice
 from backend.engine.engine import StepOutput
 from backend.errors import BackendError, GenerationFailed, error_body
 from backend.openai_api import GenerationRequest
 from backend.service import Backend
-from backend.textstream import TextStream
+from backend.worker import Outputs
 from kvfence.attestation import ATTESTATION_EVENT, ATTESTATION_FIELD, ATTESTATION_HEADER
 from kvfence.capability import Namespace
+
+Tagged = tuple[int, StepOutput]  # (choice index, output)
 
 
 class Generation:
@@ -35,35 +40,50 @@ class Generation:
         request_id: str,
         namespace: Namespace,
         prompt: list[int],
-        outputs: asyncio.Queue[StepOutput | BaseException],
+        stream_ids: tuple[int, ...],
+        outputs: Outputs,
     ) -> None:
         self.backend, self.req, self.request_id = backend, req, request_id
-        self.namespace, self.prompt, self.outputs = namespace, prompt, outputs
-        self.text = TextStream(backend.tokenizer.incremental(), req.stop)
+        self.namespace, self.prompt = namespace, prompt
+        self.stream_ids, self.outputs = stream_ids, outputs
+        self.choices = [
+            Choice(i, backend.tokenizer, backend.eos, req.stop) for i in range(len(stream_ids))
+        ]
         self.cached = 0
-        self.generated = 0
-        self.finish = "stop"
+        self.attestation = ""  # signed by _start
         self.rid = ("chatcmpl-" if req.endpoint == "chat" else "cmpl-") + uuid.uuid4().hex
         self.started = time.perf_counter()
 
-    def _attest(self, first: StepOutput) -> str:
-        self.cached = first.cached_tokens or 0
+    async def _start(self) -> list[Tagged]:
+        """Reads outputs until every choice has its first one, then signs the attestation;
+        returns what was read, in order, for the answer."""
+        read: list[Tagged] = []
+        firsts: dict[int, StepOutput] = {}
+        while len(firsts) < len(self.choices):
+            index, out = await self._next()
+            read.append((index, out))
+            firsts.setdefault(index, out)
+        self.attestation = self._attest(firsts)
+        return read
+
+    def _attest(self, firsts: dict[int, StepOutput]) -> str:
+        # Usage reports the prompt once; its cached tokens are those the first choice found.
+        self.cached = firsts[0].cached_tokens or 0
         m = self.backend.metrics
         m.ttft.observe(time.perf_counter() - self.started)
         m.prompt_tokens.inc(len(self.prompt))
         m.cached_tokens.inc(self.cached)
-        used = sorted(ns.value for ns in (first.block_namespaces or frozenset()))
-        runs = [(ns.value, n) for ns, n in (first.block_runs or ())]
+        used = {ns.value for out in firsts.values() for ns in out.block_namespaces or ()}
         return self.backend.signer.sign(
             request_id=self.request_id,
             namespace=self.namespace.value,
             prompt_tokens=len(self.prompt),
             cached_tokens=self.cached,
-            block_namespaces=used,
-            block_runs=runs,
+            block_namespaces=sorted(used),
+            block_runs=_prompt_runs(firsts.values()),
         )
 
-    async def _next(self) -> StepOutput:
+    async def _next(self) -> Tagged:
         """The next output; the engine's refusal (a BackendError) or failure is raised."""
         item = await self.outputs.get()
         if isinstance(item, BackendError):
@@ -72,70 +92,102 @@ class Generation:
             raise GenerationFailed(f"generation failed: {item}") from item
         return item
 
-    def _take(self, out: StepOutput) -> tuple[str, bool]:
-        """Returns the new final text and whether the response is complete."""
-        self.generated += 1
+    def _take(self, index: int, out: StepOutput) -> tuple[Choice, str]:
+        """Gives the output to its choice; a choice that is done frees its sequence at once."""
+        choice = self.choices[index]
+        if choice.done:
+            return choice, ""
+        piece = choice.take(out)
         self.backend.metrics.generated_tokens.inc()
-        piece = "" if out.token_id in self.backend.eos else self.text.push(out.token_id)
-        if self.text.stopped:
-            self.finish = "stop"
-            return piece, True
-        if out.finished:
-            self.finish = "length" if out.finish_reason == "length" else "stop"
-            return piece + self.text.finish(), True
-        return piece, False
+        if choice.done:
+            self.backend.worker.abort(self.stream_ids[index])
+        return choice, piece
+
+    @property
+    def _done(self) -> bool:
+        return all(c.done for c in self.choices)
 
     def _usage(self) -> dict[str, Any]:
-        return api.usage(len(self.prompt), self.generated, self.cached)
+        generated = sum(c.generated for c in self.choices)
+        return shapes.usage(len(self.prompt), generated, self.cached)
 
     async def collect(self) -> web.Response:
-        first = await self._next()
-        attestation = self._attest(first)
-        parts, (piece, done) = [], self._take(first)
-        parts.append(piece)
-        while not done:
-            piece, done = self._take(await self._next())
-            parts.append(piece)
-        body = api.completion_body(self.req, self.rid, "".join(parts), self.finish, self._usage())
+        for index, out in await self._start():
+            self._take(index, out)
+        while not self._done:
+            self._take(*await self._next())
+        endpoint, logprobs = self.req.endpoint, self.req.logprobs
+        choices = [
+            shapes.choice_body(
+                self.req,
+                c.index,
+                "".join(c.parts),
+                c.finish,
+                c.shaped(endpoint) if logprobs else None,
+            )
+            for c in self.choices
+        ]
+        body = shapes.completion_body(self.req, self.rid, choices, self._usage())
         return web.Response(
             body=orjson.dumps(body),
             content_type="application/json",
-            headers={ATTESTATION_HEADER: attestation},
+            headers={ATTESTATION_HEADER: self.attestation},
         )
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        first = await self._next()  # an error before the first token is a plain error answer
+        read = await self._start()  # an error before then is a plain error answer
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
-        attestation = self._attest(first)
         created = int(time.time())
-        # The attestation travels as a named event whose data is also a valid first chunk (the
-        # assistant role, no text), so OpenAI clients that ignore event names still parse it.
-        head = api.chunk_body(self.req, self.rid, created, "", None)
-        if self.req.endpoint == "chat":
-            head["choices"][0]["delta"] = {"role": "assistant", "content": ""}
-        head[ATTESTATION_FIELD] = attestation
-        await response.write(f"event: {ATTESTATION_EVENT}\n".encode() + api.sse(head))
-        out: StepOutput | None = first
+        await response.write(self._head(created))
         try:
-            while True:
-                piece, done = self._take(out if out is not None else await self._next())
-                out = None
-                if piece:
-                    await response.write(
-                        api.sse(api.chunk_body(self.req, self.rid, created, piece, None))
-                    )
-                if done:
-                    break
+            for index, out in read:
+                await self._send(response, created, index, out)
+            while not self._done:
+                await self._send(response, created, *await self._next())
         except BackendError as exc:
             await response.write(b"event: error\ndata: " + error_body(exc) + b"\n\n")
             return response  # no [DONE]: a truncated answer must not look complete
-        end = api.chunk_body(self.req, self.rid, created, None, self.finish)
-        await response.write(api.sse(end))
         if self.req.include_usage:
-            await response.write(api.usage_chunk(self.req, self.rid, created, self._usage()))
+            await response.write(shapes.usage_chunk(self.req, self.rid, created, self._usage()))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    def _head(self, created: int) -> bytes:
+        """The attestation as a named event whose data is also a valid first chunk (each
+        choice's assistant role, no text), so OpenAI clients that ignore event names parse it."""
+        head = shapes.chunk_body(self.req, self.rid, created, "", None)
+        first = head["choices"][0]
+        if self.req.endpoint == "chat":
+            first["delta"] = {"role": "assistant", "content": ""}
+        head["choices"] = [{**first, "index": c.index} for c in self.choices]
+        head[ATTESTATION_FIELD] = self.attestation
+        return f"event: {ATTESTATION_EVENT}\n".encode() + shapes.sse(head)
+
+    async def _send(
+        self, response: web.StreamResponse, created: int, index: int, out: StepOutput
+    ) -> None:
+        if self.choices[index].done:
+            return  # outputs still in flight after a stop string
+        choice, piece = self._take(index, out)
+        fresh = choice.unsent()
+        logprobs = choice.shaped(self.req.endpoint, fresh) if self.req.logprobs else None
+        if piece or fresh.start != fresh.stop:
+            chunk = shapes.chunk_body(self.req, self.rid, created, piece, None, index, logprobs)
+            await response.write(shapes.sse(chunk))
+        if choice.done:
+            end = shapes.chunk_body(self.req, self.rid, created, None, choice.finish, index)
+            await response.write(shapes.sse(end))
+
+
+def _prompt_runs(firsts: Iterable[StepOutput]) -> list[tuple[str, int]]:
+    """The prompt's block runs, the same for every choice since they share the prompt and its
+    public segments. Choices that disagree (a bug) get none signed: the attestation then does
+    not account for a public block block by block, and the gateway's check refuses it."""
+    found = {out.block_runs or () for out in firsts}
+    if len(found) != 1:
+        return []
+    return [(ns.value, n) for ns, n in found.pop()]

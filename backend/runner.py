@@ -7,11 +7,14 @@ zero_blocks have been zeroed; every tensor lives on `runner.device`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from backend.engine.plan import StepPlan
+from backend.engine.plan import Chunk, StepPlan, StepResult, TokenLogprobs
 from backend.model.kv_pool import KVPool
 from backend.model.load import LoadedModel
+from backend.model.logprobs import token_logprobs
 from backend.model.sampler import sample
 from backend.model.step_inputs import build_step_inputs, validate_chunk
 
@@ -52,15 +55,15 @@ class ModelRunner:
             raise ValueError("block id outside the pool")
         self.pool.zero_blocks(torch.tensor(list(ids), device=self.device))
 
-    def execute(self, plan: StepPlan) -> dict[int, int]:
-        """Run one step; return seq_id -> sampled token for every chunk with `sample`."""
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step; a token for every chunk with `sample`, logprobs where asked."""
         limit = self.loaded.config.max_positions
         for chunk in plan.chunks:
             validate_chunk(chunk, self.block_size, self.num_blocks, limit)
         with torch.inference_mode():
             self.zero_blocks(plan.zero_blocks)
             if not plan.chunks:
-                return {}
+                return StepResult({})
             inputs = build_step_inputs(
                 plan.chunks, self.block_size, self.loaded.config.group, self.device
             )
@@ -69,11 +72,28 @@ class ModelRunner:
                 inputs.input_ids, inputs.positions, attention, inputs.logits_index
             )
             if not inputs.sampled:
-                return {}
+                return StepResult({})
             tokens = sample(
                 logits,
                 [c.sampling for c in inputs.sampled],
                 [c.num_generated for c in inputs.sampled],
                 self._generator,
             )
-        return {c.seq_id: t for c, t in zip(inputs.sampled, tokens, strict=True)}
+            seq_ids = [c.seq_id for c in inputs.sampled]
+            return StepResult(
+                dict(zip(seq_ids, tokens, strict=True)),
+                _logprobs(logits, inputs.sampled, tokens),
+            )
+
+
+def _logprobs(
+    logits: torch.Tensor, sampled: Sequence[Chunk], tokens: Sequence[int]
+) -> dict[int, TokenLogprobs]:
+    """logits: [N, V] fp32, one row per sampled chunk -> logprobs of the chunks that asked."""
+    asked = [i for i, c in enumerate(sampled) if c.sampling.logprobs is not None]
+    if not asked:
+        return {}
+    rows = logits[torch.tensor(asked, device=logits.device)]  # [M, V]
+    tops = [sampled[i].sampling.logprobs or 0 for i in asked]
+    found = token_logprobs(rows, [tokens[i] for i in asked], tops)
+    return {sampled[i].seq_id: lp for i, lp in zip(asked, found, strict=True)}

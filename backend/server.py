@@ -80,23 +80,32 @@ async def _generate(request: web.Request, endpoint: str) -> web.StreamResponse:
         raise ModelNotFound(f"model {req.model!r} (this revision) is not served here", "model")
     prompt = prompt_ids(backend.tokenizer, backend.specials, req, backend.model.max_positions)
     public = _checked(request, lambda _: backend.public_segments(req, prompt, handle.public))
-    stream_id, outputs = backend.worker.submit(
-        handle.namespace, prompt, req.sampling, () if req.ignore_eos else backend.eos, public
+    choices = [req.choice_sampling(i) for i in range(req.n)]  # each with the same public grant
+    stream_ids, outputs = backend.worker.submit(
+        handle.namespace, prompt, choices, () if req.ignore_eos else backend.eos, public
     )
-    run = Generation(backend, req, handle.request_id, handle.namespace, prompt, outputs)
+    run = Generation(backend, req, handle.request_id, handle.namespace, prompt, stream_ids, outputs)
     try:
         return await (run.stream(request) if req.stream else run.collect())
     finally:
-        backend.worker.abort(stream_id)  # no-op once finished; frees blocks at once on disconnect
+        for stream_id in stream_ids:  # no-op once finished; frees blocks at once on disconnect
+            backend.worker.abort(stream_id)
+
+
+def _model_card(name: str) -> dict[str, object]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "kvfence"}
 
 
 async def models(request: web.Request) -> web.Response:
-    model = request.app[BACKEND].model
-    body = {
-        "object": "list",
-        "data": [{"id": model.name, "object": "model", "created": 0, "owned_by": "kvfence"}],
-    }
+    body = {"object": "list", "data": [_model_card(request.app[BACKEND].model.name)]}
     return web.json_response(body, dumps=lambda o: orjson.dumps(o).decode())
+
+
+async def model(request: web.Request) -> web.Response:
+    name = request.match_info["model"]
+    if name != request.app[BACKEND].model.name:
+        raise ModelNotFound(f"model {name[:200]!r} is not served here", "model")
+    return web.json_response(_model_card(name), dumps=lambda o: orjson.dumps(o).decode())
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -140,6 +149,7 @@ def create_app(backend: Backend, max_body_bytes: int = 4 * 1024 * 1024) -> web.A
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model:.+}", model)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -13,7 +13,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,6 +25,8 @@ from kvfence.capability import Namespace
 
 log = logging.getLogger("kvfence.backend.worker")
 T = TypeVar("T")
+# A request's outputs: (choice index, output), or the error that ended it.
+Outputs = asyncio.Queue[tuple[int, StepOutput] | BaseException]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +59,7 @@ class EngineWorker:
     def __init__(self, engine: Engine | None = None) -> None:
         self._engine = engine
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
-        self._streams: dict[int, asyncio.Queue[StepOutput | BaseException]] = {}
+        self._streams: dict[int, tuple[Outputs, int]] = {}  # stream id -> (queue, choice)
         self._stream_ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -113,19 +115,22 @@ class EngineWorker:
         self,
         namespace: Namespace,
         prompt: list[int],
-        sampling: SamplingParams,
+        choices: Sequence[SamplingParams],
         eos: tuple[int, ...],
         public: tuple[Segment, ...] = (),
-    ) -> tuple[int, asyncio.Queue[StepOutput | BaseException]]:
-        """Queue a request; returns its stream id and the queue its outputs arrive on.
-        `public`: its leading blocks that belong to public namespaces."""
+    ) -> tuple[tuple[int, ...], Outputs]:
+        """Queue a request of one sequence per choice (in choice order); returns their stream
+        ids and the one queue all their outputs arrive on, tagged with the choice's index.
+        `public`: the prompt's leading blocks that belong to public namespaces, the same for
+        every choice since they share the prompt."""
         if self._error is not None:
             raise EngineDown("the engine is not running") from self._error
-        stream_id = next(self._stream_ids)
-        stream: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
-        self._streams[stream_id] = stream
-        self._commands.put(_Add(stream_id, namespace, prompt, sampling, eos, public))
-        return stream_id, stream
+        outputs: Outputs = asyncio.Queue()
+        stream_ids = tuple(next(self._stream_ids) for _ in choices)
+        for index, (stream_id, sampling) in enumerate(zip(stream_ids, choices, strict=True)):
+            self._streams[stream_id] = (outputs, index)
+            self._commands.put(_Add(stream_id, namespace, prompt, sampling, eos, public))
+        return stream_ids, outputs
 
     def abort(self, stream_id: int) -> None:
         """Frees the request's blocks at once (on the engine thread's next turn)."""
@@ -216,20 +221,20 @@ class EngineWorker:
         for stream_id, output in routed:
             stream = self._streams.get(stream_id)
             if stream is not None:
-                stream.put_nowait(output)
+                stream[0].put_nowait((stream[1], output))
                 if output.finished:
                     self._streams.pop(stream_id, None)
 
     def _deliver_error(self, stream_id: int, exc: BaseException) -> None:
         stream = self._streams.pop(stream_id, None)
         if stream is not None:
-            stream.put_nowait(exc)
+            stream[0].put_nowait(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         failure = EngineDown("the engine has stopped")
         failure.__cause__ = exc
-        for stream in self._streams.values():
-            stream.put_nowait(failure)
+        for outputs in {id(q): q for q, _ in self._streams.values()}.values():
+            outputs.put_nowait(failure)
         self._streams.clear()
 
 

@@ -48,7 +48,7 @@ def decode_rate(runner: ModelRunner, loaded: LoadedModel, batch: int, steps: int
     per_seq = -(-(max(map(len, prompts)) + steps + 1) // BLOCK)
     tables = [tuple(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
     chunks = (Chunk(i, tuple(p), 0, tables[i], True, GREEDY, 0) for i, p in enumerate(prompts))
-    last = runner.execute(StepPlan(tuple(chunks)))
+    last = runner.execute(StepPlan(tuple(chunks))).tokens
     sync(runner.device)
     start = time.perf_counter()
     for step in range(steps):
@@ -58,7 +58,7 @@ def decode_rate(runner: ModelRunner, loaded: LoadedModel, batch: int, steps: int
                 for i, p in enumerate(prompts)
             )
         )
-        last = runner.execute(plan)
+        last = runner.execute(plan).tokens
     sync(runner.device)
     return batch * steps / (time.perf_counter() - start)
 

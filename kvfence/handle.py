@@ -11,9 +11,7 @@ parts (`pub`) are minted as namespaces of their own, each only for the leading c
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,39 +19,18 @@ from typing import Any, Final
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from kvfence import handle_claims
 from kvfence.capability import Namespace, _mint
-from kvfence.keyfile import TrustStore, b64url, check_key_id
-from kvfence.public import PublicGrant, PublicPart, parse_parts
+from kvfence.handle_claims import body_digest
+from kvfence.handle_errors import HandleError, HandleForbidden, HandleUnavailable
+from kvfence.keyfile import TrustStore, check_key_id
+from kvfence.public import PublicGrant, PublicPart
 from kvfence.replay import ReplayGuard
 from kvfence.share import Share
-from kvfence.token import Clock, TokenError, claim, open_token, sign_token
+from kvfence.token import Clock, claim, open_token, sign_token
 
 HANDLE_HEADER: Final = "x-kvfence-handle"
 HANDLE_PREFIX: Final = "kvh1"
-_DIGEST_RE: Final = re.compile(r"^[A-Za-z0-9_-]{43}$")  # base64url of 32 bytes, unpadded
-
-
-def body_digest(body: bytes) -> str:
-    """The `bd` claim: base64url (unpadded) of SHA-256 of the exact request body bytes."""
-    return b64url(hashlib.sha256(body).digest())
-
-
-class HandleError(TokenError):
-    """401: missing, malformed, unknown_key, bad_signature, expired, not_yet_valid,
-    bad_lifetime, replayed."""
-
-
-class HandleForbidden(HandleError):
-    """403: a genuine handle used for something it does not allow: wrong_audience,
-    wrong_scope, wrong_model, wrong_action, body_mismatch."""
-
-    status = 403
-
-
-class HandleUnavailable(HandleError):
-    """503: replay_store_full (too many live handles to remember; fail closed)."""
-
-    status = 503
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,36 +79,6 @@ class VerifiedAdmin:
     key_id: str
 
 
-def _share(claims: dict[str, Any]) -> Share | None:
-    if "grp" not in claims and "sh" not in claims:
-        return None
-    group = claim(claims, "grp", str, HandleError)
-    share = claim(claims, "sh", list, HandleError)
-    if len(share) != 2 or not all(isinstance(x, int | float) and not isinstance(x, bool)
-                                  for x in share):  # fmt: skip
-        raise HandleError("malformed", "claim 'sh' is not [ceiling, floor]")
-    try:
-        return Share(group, float(share[0]), float(share[1]))
-    except ValueError as exc:
-        raise HandleError("malformed", f"claims 'grp'/'sh': {exc}") from None
-
-
-def _public(claims: dict[str, Any]) -> tuple[tuple[PublicPart, ...], bool]:
-    """The public parts (`pub`) and whether the namespace is a request's own (`eph`, only
-    `true`); a request-scoped namespace reads nothing public."""
-    ephemeral = "eph" in claims
-    if ephemeral and claims["eph"] is not True:
-        raise HandleError("malformed", "claim 'eph' is true when present")
-    if "pub" not in claims:
-        return (), ephemeral
-    if ephemeral:
-        raise HandleError("malformed", "a request-scoped handle has no public parts")
-    try:
-        return parse_parts(claims["pub"], claims["ns"]), False
-    except ValueError as exc:
-        raise HandleError("malformed", f"claim 'pub': {exc}") from None
-
-
 def _grant(part: PublicPart) -> PublicGrant:
     share = part.share
     namespace = _mint(part.namespace, share.group, share.ceiling, share.floor)
@@ -173,16 +120,9 @@ class HandleSigner:
         request-scoped namespace (never cached, zeroed when freed)."""
         if not namespace or not model:
             raise ValueError("namespace and model must be non-empty")
-        if ephemeral and public:
-            raise ValueError("a request-scoped namespace reads nothing public")
         claims = self._claims("handle", request_id, audience, ttl)
-        claims.update(ns=namespace, model=model, rev=revision, bd=body_digest(body))
-        if share is not None:
-            claims.update(grp=share.group, sh=[share.ceiling, share.floor])
-        if public:
-            claims["pub"] = [part.claim() for part in public]
-        if ephemeral:
-            claims["eph"] = True
+        claims.update(ns=namespace, model=model, rev=revision)
+        handle_claims.write(claims, body, share, public, ephemeral)
         return sign_token(HANDLE_PREFIX, claims, self._key)
 
     def sign_admin(
@@ -254,12 +194,10 @@ class HandleVerifier:
         claims, iat, exp = self._open(token, "handle")
         model = claim(claims, "model", str, HandleError)
         revision = claim(claims, "rev", str, HandleError)
-        digest = claim(claims, "bd", str, HandleError)
-        if not _DIGEST_RE.fullmatch(digest):
-            raise HandleError("malformed", "claim 'bd' is not a SHA-256 digest")
+        digest = handle_claims.read_body_digest(claims)
+        share = handle_claims.read_share(claims)
+        public, ephemeral = handle_claims.read_public(claims)
         ns, rid, kid = claims["ns"], claims["rid"], claims["kid"]
-        share = _share(claims)
-        public, ephemeral = _public(claims)
         return SignedHandle(
             ns, rid, model, revision, iat, exp, kid, digest, self._seal, share, public, ephemeral
         )

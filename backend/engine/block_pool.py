@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from backend.engine.groups import CapacityGroups
+from backend.engine.pool_check import IntegrityError, check_blocks
 from backend.engine.prefix_cache import BlockHash, PrefixIndex
 from kvfence.capability import Namespace
 
@@ -32,10 +33,6 @@ class QuotaExceededError(AllocationError):
     def __init__(self, group: str) -> None:
         super().__init__(f"capacity group #{group[:12]} is at its ceiling")
         self.group = group
-
-
-class IntegrityError(AssertionError):
-    """The pool's bookkeeping is inconsistent (a bug)."""
 
 
 class _Block:
@@ -243,35 +240,6 @@ class BlockPool:
 
     def check_integrity(self) -> None:
         """Raise IntegrityError unless every invariant of the pool holds (O(num_blocks))."""
-        free = set(self._free)
-        _require(len(free) == len(self._free), "a block is on the free list twice")
-        used = {i for i, b in enumerate(self._blocks) if b.ref > 0}
-        idle = {i for i, b in enumerate(self._blocks) if b.ref == 0 and i not in free}
-        _require(len(used) == self._used, "used count drifted")
-        _require(len(free) + len(used) + len(idle) == self.num_blocks, "free + used != total")
-        _require(not free & used, "a free block is referenced")
-        _require(len(idle) == self._index.idle_count(), "idle blocks and the LRU disagree")
-        held: dict[Namespace, int] = {}
-        for i, b in enumerate(self._blocks):
-            _require(b.ref == sum(b.readers.values()), f"block {i}: ref count != references")
-            _require(set(b.readers) <= {b.owner}, f"block {i} is reachable from two namespaces")
-            if i in free:
-                _require(b.hash is None, f"free block {i} is still cached")
-                continue
-            _require(i not in self._scrub, f"block {i} is in use but waits to be zeroed")
-            assert b.owner is not None
-            held[b.owner] = held.get(b.owner, 0) + 1
-            _require(b.ref > 0 or b.hash is not None, f"idle block {i} is not cached")
-            _require(b.ref > 0 or self._index.is_idle(i), f"idle block {i} missing from LRU")
-            if b.hash is not None:
-                _require(self._index.get(b.hash) == i, f"block {i}: hash not indexed")
-                _require(i in self._index.cached_blocks(b.owner), f"block {i}: wrong namespace")
-        _require(len(self._index) == sum(b.hash is not None for b in self._blocks), "stale hash")
-        _require(held == self._held, "per-namespace block counts drifted")
-        problem = self.groups.check(held)
-        _require(problem is None, problem or "")
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise IntegrityError(message)
+        check_blocks(
+            self._blocks, self._free, self._used, self._scrub, self._index, self._held, self.groups
+        )

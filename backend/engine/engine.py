@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from backend.engine.block_pool import BlockPool
-from backend.engine.plan import PrefillPolicy, Runner, SamplingParams
+from backend.engine.plan import PrefillPolicy, Runner, SamplingParams, TokenLogprobs
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import (
     FinishReason,
@@ -54,7 +54,8 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class StepOutput:
-    """One new token; `cached_tokens` and `block_namespaces` are set on the first output only."""
+    """One new token; `cached_tokens`, `block_namespaces` and `block_runs` are set on the first
+    output only, `logprobs` on every output of a sequence whose sampling asked for them."""
 
     seq_id: int
     token_id: int
@@ -64,6 +65,7 @@ class StepOutput:
     block_namespaces: frozenset[Namespace] | None = None
     # The namespace of each block of the prompt, in order, as runs of (namespace, blocks).
     block_runs: tuple[tuple[Namespace, int], ...] | None = None
+    logprobs: TokenLogprobs | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +149,17 @@ class Engine:
         plan = self._scheduler.schedule()
         if not plan.chunks and not plan.zero_blocks:
             return []
-        sampled = self._runner.execute(plan)
-        return [self._output(seq, token) for seq, token in self._scheduler.update(plan, sampled)]
+        result = self._runner.execute(plan)
+        return [
+            self._output(seq, token, result.logprobs.get(seq.seq_id))
+            for seq, token in self._scheduler.update(plan, result.tokens)
+        ]
 
-    def _output(self, seq: Sequence, token: int) -> StepOutput:
+    def _output(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> StepOutput:
         finished = seq.status is SequenceStatus.FINISHED
         reason = seq.finish_reason if finished else None
         if seq.reported:
-            return StepOutput(seq.seq_id, token, finished, reason)
+            return StepOutput(seq.seq_id, token, finished, reason, logprobs=logprobs)
         seq.reported = True
         self._prompt_tokens += seq.prompt_len
         self._hit_tokens += seq.cached_tokens
@@ -166,6 +171,7 @@ class Engine:
             cached_tokens=seq.cached_tokens,
             block_namespaces=frozenset(seq.block_namespaces),
             block_runs=seq.block_runs,
+            logprobs=logprobs,
         )
 
     def abort(self, seq_id: int) -> bool:

@@ -6,7 +6,7 @@ Invariant: a chunk's block table covers every position the chunk reads or writes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 # How a step's token budget is spent on prompts after the decodes (which always go first):
@@ -25,6 +25,25 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None  # None: none; k >= 0: the chosen token's and the k most likely
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """Log-probabilities of one sampled token under the model's unmodified distribution
+    (log_softmax of the float32 logits, before temperature and top-p)."""
+
+    logprob: float  # the chosen token's
+    top: tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What one step sampled: a token for every chunk with `sample`, and logprobs for those of
+    them whose sampling asked for logprobs."""
+
+    tokens: dict[int, int]  # seq id -> token id
+    logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +72,7 @@ class Runner(Protocol):
     block_size: int
     num_blocks: int
 
-    def execute(self, plan: StepPlan) -> dict[int, int]:
-        """Run one step; return seq_id -> sampled token id for every chunk with `sample`."""
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step; a sampled token for every chunk with `sample` (and its logprobs when
+        the chunk's sampling asks for them)."""
         ...

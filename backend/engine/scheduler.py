@@ -13,6 +13,7 @@ import itertools
 from collections import deque
 
 from backend.engine.block_pool import AllocationError, BlockPool, QuotaExceededError
+from backend.engine.chunks import next_chunk, tokens_to_run
 from backend.engine.plan import PREFILL_POLICIES, Chunk, PrefillPolicy, StepPlan
 from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
 from backend.errors import ContextLengthExceeded
@@ -81,13 +82,14 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             decoding = seq.num_tokens - seq.num_computed == 1
             decodes -= decoding
-            n = self._take(seq, budget - (0 if decoding else decodes), chunks)
+            share = budget - (0 if decoding else decodes)
+            n = tokens_to_run(seq, share, chunks, self.prefill_policy)
             if n == 0:
                 continue
             if not self._reserve(seq, n):
                 preempted = True
                 continue
-            chunks.append(self._chunk(seq, n))
+            chunks.append(next_chunk(seq, n))
             budget -= n
         if not preempted:
             self._admit(budget, chunks)
@@ -95,28 +97,6 @@ class Scheduler:
         # Blocks a request-scoped namespace left are zeroed at once, with or without work.
         zero = self.pool.take_zero_blocks() if chunks else ()
         return StepPlan(tuple(chunks), zero + self.pool.take_scrub_blocks())
-
-    def _take(self, seq: Sequence, budget: int, chunks: list[Chunk]) -> int:
-        """How many of seq's uncomputed tokens this step runs (0: none this step)."""
-        left = seq.num_tokens - seq.num_computed
-        if budget <= 0:
-            return 0
-        if left <= budget or self.prefill_policy == "fill":
-            return min(left, budget)
-        # "whole": a prompt that does not fit is split only into a step with no prompt yet.
-        return budget if all(len(c.token_ids) == 1 for c in chunks) else 0
-
-    def _chunk(self, seq: Sequence, n: int) -> Chunk:
-        start = seq.num_computed
-        return Chunk(
-            seq_id=seq.seq_id,
-            token_ids=tuple(seq.token_ids[start : start + n]),
-            start=start,
-            block_table=seq.table_snapshot(),
-            sample=start + n == seq.num_tokens,
-            sampling=seq.sampling,
-            num_generated=seq.num_generated,
-        )
 
     def _grow(self, seq: Sequence, n: int) -> None:
         """Allocate the blocks seq needs to hold n more tokens, each in the namespace it belongs
@@ -166,7 +146,7 @@ class Scheduler:
                 return
             if not seq.block_table:
                 self._apply_hits(seq)
-            n = self._take(seq, budget, chunks)
+            n = tokens_to_run(seq, budget, chunks, self.prefill_policy)
             if n == 0:
                 self._release_all(seq)
                 return  # waiting prompts keep their order
@@ -183,7 +163,7 @@ class Scheduler:
                 seq.cached_tokens = seq.num_computed
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self._running, seq.seq_id)
-            chunks.append(self._chunk(seq, n))
+            chunks.append(next_chunk(seq, n))
             budget -= n
 
     def _apply_hits(self, seq: Sequence) -> None:
@@ -220,25 +200,15 @@ class Scheduler:
                 continue
             token = sampled[chunk.seq_id]
             if not seq.block_runs:
-                seq.block_runs = self._runs(seq)
+                seq.block_runs = seq.prompt_runs(self.pool.owner, self._bs)
             seq.token_ids.append(token)
             seq.hash_full_blocks(self._bs)
-            reason = self._stop_reason(seq, token)
+            room = (self.pool.ceiling(seq.namespace) + seq.public_blocks) * self._bs
+            reason = seq.stop_reason(token, room)
             if reason is not None:
                 self.finish(seq.seq_id, reason)
             events.append((seq, token))
         return events
-
-    def _runs(self, seq: Sequence) -> tuple[tuple[Namespace, int], ...]:
-        """Which namespace each block of the prompt came from, read from block metadata."""
-        runs: list[tuple[Namespace, int]] = []
-        for block_id in seq.block_table[: -(-seq.prompt_len // self._bs)]:
-            owner = self.pool.owner(block_id)
-            if runs and runs[-1][0] == owner:
-                runs[-1] = (owner, runs[-1][1] + 1)
-            else:
-                runs.append((owner, 1))
-        return tuple(runs)
 
     def _index_full_blocks(self, seq: Sequence) -> None:
         if seq.namespace.ephemeral:
@@ -248,16 +218,6 @@ class Scheduler:
             tokens = seq.block_tokens(i, self._bs)
             self.pool.cache(seq.block_table[i], seq.block_hashes[i], tokens)
         seq.num_indexed_blocks = max(full, seq.num_indexed_blocks)
-
-    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        if token in seq.stop_token_ids:
-            return "stop"
-        if seq.num_generated >= seq.sampling.max_tokens:
-            return "length"
-        own = self.pool.ceiling(seq.namespace) + seq.public_blocks
-        if seq.num_tokens > own * self._bs:
-            return "length"  # the next token could not be stored
-        return None
 
     def _preempt(self, seq: Sequence) -> None:
         self._running.remove(seq.seq_id)

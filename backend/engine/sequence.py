@@ -1,14 +1,16 @@
-"""One request's state inside the engine: tokens, progress, block table and provenance.
+"""One request's state inside the engine: tokens, progress, block table, provenance, when it stops.
 
 Invariant: `block_namespaces` is read from the pool's block metadata whenever a block enters the
-block table (allocation or prefix hit); it is never copied from the request and only grows. Block
-i belongs to `namespace_at(i)`: a leading public segment's namespace, else the request's own.
+block table (allocation or prefix hit), and `block_runs` from it too; neither is copied from the
+request, and `block_namespaces` only grows. Block i belongs to `namespace_at(i)`: a leading
+public segment's namespace, else the request's own.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -94,6 +96,31 @@ class Sequence:
             if index < segment.end:
                 return segment.namespace
         return self.namespace
+
+    def prompt_runs(
+        self, owner: Callable[[int], Namespace], block_size: int
+    ) -> tuple[tuple[Namespace, int], ...]:
+        """Which namespace each block of the prompt came from, as runs of (namespace, blocks),
+        read from block metadata through `owner` (block id -> the namespace that filled it)."""
+        runs: list[tuple[Namespace, int]] = []
+        for block_id in self.block_table[: -(-self.prompt_len // block_size)]:
+            filled_by = owner(block_id)
+            if runs and runs[-1][0] == filled_by:
+                runs[-1] = (filled_by, runs[-1][1] + 1)
+            else:
+                runs.append((filled_by, 1))
+        return tuple(runs)
+
+    def stop_reason(self, token: int, room: int) -> FinishReason | None:
+        """Why the sequence stops once `token` is appended (None: it goes on); `room`: the most
+        tokens the blocks it may hold can store."""
+        if token in self.stop_token_ids:
+            return "stop"
+        if self.num_generated >= self.sampling.max_tokens:
+            return "length"
+        if self.num_tokens > room:
+            return "length"  # the next token could not be stored
+        return None
 
     def hash_full_blocks(self, block_size: int) -> None:
         """Extend `block_hashes` to every full block of token_ids (only the new ones are hashed)."""

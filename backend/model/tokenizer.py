@@ -23,6 +23,17 @@ _LLAMA3_SPLIT = (
 )
 
 
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's stand-in character -> the byte it stands for: printable Latin-1
+    characters stand for themselves, the other bytes for U+0100 onwards, in byte order."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    shifted = [b for b in range(256) if b not in kept]
+    return {chr(b): b for b in kept} | {chr(256 + i): b for i, b in enumerate(shifted)}
+
+
+_BYTE_OF = _byte_alphabet()
+
+
 class Tokenizer:
     def __init__(
         self,
@@ -38,6 +49,8 @@ class Tokenizer:
         bos = inner.id_to_token(bos_id) if bos_id is not None else None
         eos = inner.id_to_token(eos_ids[0]) if eos_ids else None
         self.chat_template = ChatTemplate(chat_template, bos or "", eos or "")
+        self._added = frozenset(inner.get_added_tokens_decoder())
+        self._bytes: dict[int, bytes] = {}
 
     @classmethod
     def from_gguf_vocab(
@@ -98,6 +111,21 @@ class Tokenizer:
             self._plain = HFTokenizer.from_str(self.inner.to_str())
             self._plain.encode_special_tokens = True
         return list(self._plain.encode(text, add_special_tokens=False).ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (an added token: its text), for logprobs' `bytes`."""
+        cached = self._bytes.get(token_id)
+        if cached is not None:
+            return cached
+        piece = self.inner.id_to_token(token_id)
+        if piece is None:
+            raise ValueError(f"token id {token_id} is outside the vocabulary")
+        if token_id in self._added or any(c not in _BYTE_OF for c in piece):
+            raw = piece.encode() if token_id in self._added else self.decode([token_id]).encode()
+        else:
+            raw = bytes(_BYTE_OF[c] for c in piece)  # byte-level BPE: one character per byte
+        self._bytes[token_id] = raw
+        return raw
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.inner.decode(list(ids), skip_special_tokens=skip_special_tokens))

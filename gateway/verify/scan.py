@@ -2,7 +2,8 @@
 text itself (for the detective's history), and attestations in later stream events (from ours).
 
 Invariant: a chunk is scanned before it is written to the client, and a marker split across
-events is still found; scanning never changes the bytes relayed.
+events is still found, also when the events of several choices (`n` > 1) interleave: each
+choice's text is scanned on its own; scanning never changes the bytes relayed.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ _FIELD: Final = {
     COMPLETIONS: re.compile(rb'"text":' + _STRING),
 }
 _ANY = re.compile(rb'"(?:content|text|delta|output_text)":' + _STRING)
+_INDEX = re.compile(rb'"index":(\d{1,6})')  # a choice's index (escaped inside text, so no match)
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
 _LATE = (ATTESTATION_EVENT.encode(), ATTESTATION_FIELD.encode())
 _TERMINAL = re.compile(rb'"type":\s*"response\.(?:completed|incomplete|failed)"')
 
 
 class AnswerScan:
     def __init__(self, markers: MarkerKey | None, path: str, attested: bool) -> None:
-        self._scanner = MarkerScanner(markers) if markers is not None else None
+        self._key = markers
+        self._scanners: dict[int, MarkerScanner] = {}  # per choice index
         self._field = _FIELD.get(path, _ANY)
         self._keep = path in _FIELD
         self._attested = attested
@@ -40,21 +44,28 @@ class AnswerScan:
 
     @property
     def markers(self) -> int:
-        return len(self._scanner.found) if self._scanner is not None else 0
+        return sum(len(s.found) for s in self._scanners.values())
 
     @property
     def marker_started(self) -> bool:
-        """The text so far ends with the start of what may be a marker."""
-        return self._scanner is not None and self._scanner.started
+        """Some choice's text so far ends with the start of what may be a marker."""
+        return any(s.started for s in self._scanners.values())
 
     @property
     def text(self) -> str | None:
         """The answer's text, when it was short enough to keep."""
         return "".join(self._parts) if self._keep else None
 
-    def _take(self, piece: str) -> None:
-        if self._scanner is not None:
-            self._scanner.feed(piece)
+    def _scan(self, piece: str, index: int = 0) -> None:
+        if self._key is not None:
+            if index not in self._scanners:
+                self._scanners[index] = MarkerScanner(self._key)
+            self._scanners[index].feed(piece)
+
+    def _take(self, piece: str, index: int) -> None:
+        self._scan(piece, index)
+        if index != 0:
+            self._keep, self._parts = False, []  # the history keeps one-choice answers only
         if self._keep:
             self._size += len(piece)
             if self._size > MAX_TEXT:
@@ -68,16 +79,18 @@ class AnswerScan:
             self.terminal = True
         if self._attested and b"kvfence" in data:
             self.late_attestations += sum(data.count(tag) for tag in _LATE)
-        for raw in self._field.findall(data):
-            try:
-                self._take(orjson.loads(b'"' + raw + b'"'))
-            except orjson.JSONDecodeError:
-                self._keep = False  # not text we can reproduce: record nothing of it
+        for event in _EVENT_END.split(data) if b'"index":' in data else (data,):
+            found = _INDEX.search(event)
+            index = int(found.group(1)) if found else 0
+            for raw in self._field.findall(event):
+                try:
+                    self._take(orjson.loads(b'"' + raw + b'"'), index)
+                except orjson.JSONDecodeError:
+                    self._keep = False  # not text we can reproduce: record nothing of it
 
     def body(self, data: bytes, parsed: Any) -> None:
         """A plain answer: markers anywhere in it, the text of its one choice."""
-        if self._scanner is not None:
-            self._scanner.feed(data.decode("utf-8", "replace"))
+        self._scan(data.decode("utf-8", "replace"))
         choices = parsed.get("choices") if isinstance(parsed, dict) else None
         if not self._keep or not isinstance(choices, list) or len(choices) != 1:
             self._keep = False

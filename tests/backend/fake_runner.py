@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from backend.engine.plan import StepPlan
+from backend.engine.plan import StepPlan, StepResult
 
 
 class FakeKVError(AssertionError):
@@ -27,7 +27,7 @@ class FakeRunner:
         self.zeroed: list[int] = []
         self._kv: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
 
-    def execute(self, plan: StepPlan) -> dict[int, int]:
+    def execute(self, plan: StepPlan) -> StepResult:
         self.plans.append(plan)
         for block_id in plan.zero_blocks:
             self._kv[block_id] = [None] * self.block_size
@@ -44,7 +44,7 @@ class FakeRunner:
                 end = chunk.start + len(chunk.token_ids)
                 context = [self._read(chunk.block_table, p, chunk.seq_id) for p in range(end)]
                 out[chunk.seq_id] = self.next_token(context)
-        return out
+        return StepResult(out)
 
     def next_token(self, context: list[int]) -> int:
         """The deterministic 'model': a checksum of the context, modulo the vocabulary."""

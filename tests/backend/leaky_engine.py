@@ -24,9 +24,15 @@ def foreign_cached_block(pool: BlockPool, namespace: Namespace) -> int | None:
 
 
 class LeakyScheduler(Scheduler):
+    def leak_into(self, seq: Sequence) -> bool:
+        """Which new sequences get the foreign block: all of them, unless a test narrows it."""
+        return True
+
     def _apply_hits(self, seq: Sequence) -> None:
         super()._apply_hits(seq)
         if seq.admitted or min((seq.num_tokens - 1) // self._bs, len(seq.block_hashes)) == 0:
+            return
+        if not self.leak_into(seq):
             return
         foreign = foreign_cached_block(self.pool, seq.namespace)
         if foreign is None:
@@ -43,6 +49,7 @@ class LeakyScheduler(Scheduler):
 class LeakyEngine(Engine):
     def __init__(self, runner: Runner, config: EngineConfig) -> None:
         super().__init__(runner, config)
-        self._scheduler = LeakyScheduler(
+        self.scheduler = LeakyScheduler(
             self.pool, max_num_seqs=config.max_num_seqs, max_step_tokens=config.max_step_tokens
         )
+        self._scheduler = self.scheduler

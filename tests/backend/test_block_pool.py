@@ -15,12 +15,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from backend.engine.block_pool import (
-    AllocationError,
-    BlockPool,
-    IntegrityError,
-    OutOfBlocksError,
-)
+from backend.engine.block_pool import AllocationError, BlockPool, OutOfBlocksError
+from backend.engine.pool_check import IntegrityError
 from backend.engine.prefix_cache import BlockHash, block_hash, namespace_root
 from kvfence.capability import Namespace, _mint
 from kvfence.public import PUBLIC_GROUP

@@ -9,9 +9,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from backend.engine.block_pool import IntegrityError
 from backend.engine.engine import Engine, EngineConfig, StepOutput
 from backend.engine.plan import PrefillPolicy, SamplingParams
+from backend.engine.pool_check import IntegrityError
 from backend.errors import ContextLengthExceeded
 from kvfence.capability import Namespace, _mint
 from tests.backend.fake_runner import FakeRunner

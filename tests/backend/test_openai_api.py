@@ -9,16 +9,8 @@ import orjson
 import pytest
 
 from backend.errors import BadRequest
-from backend.openai_api import (
-    GenerationRequest,
-    chunk_body,
-    completion_body,
-    parse_body,
-    parse_generation,
-    sse,
-    usage,
-    usage_chunk,
-)
+from backend.openai_api import GenerationRequest, parse_body, parse_generation
+from backend.shapes import choice_body, chunk_body, completion_body, sse, usage, usage_chunk
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -192,7 +184,7 @@ BAD_FIELDS: list[tuple[dict[str, Any], str]] = [
     ({"max_tokens": "100"}, "max_tokens"),
     ({"max_tokens": True}, "max_tokens"),
     ({"max_completion_tokens": 10**6}, "max_completion_tokens"),
-    ({"n": 2}, "n"),
+    ({"n": 9}, "n"),
     ({"n": 0}, "n"),
     ({"n": "1"}, "n"),
     ({"n": True}, "n"),
@@ -301,7 +293,8 @@ def test_usage_counts_totals_and_cached_tokens() -> None:
 
 def test_chat_completion_body() -> None:
     use = usage(5, 2, 4)
-    body = completion_body(request("chat"), "chatcmpl-1", "Hello", "stop", use)
+    req = request("chat")
+    body = completion_body(req, "chatcmpl-1", [choice_body(req, 0, "Hello", "stop")], use)
     assert body["id"] == "chatcmpl-1" and body["object"] == "chat.completion"
     assert body["model"] == "m" and isinstance(body["created"], int) and body["created"] > 0
     assert body["choices"] == [
@@ -318,7 +311,8 @@ def test_chat_completion_body() -> None:
 
 def test_text_completion_body() -> None:
     use = usage(5, 2, 0)
-    body = completion_body(request("completion"), "cmpl-1", " there", "length", use)
+    req = request("completion")
+    body = completion_body(req, "cmpl-1", [choice_body(req, 0, " there", "length")], use)
     assert body["id"] == "cmpl-1" and body["object"] == "text_completion"
     assert body["model"] == "m" and isinstance(body["created"], int)
     assert body["choices"] == [
@@ -399,3 +393,123 @@ def test_stream_options_must_be_an_object(value: object) -> None:
 def test_a_part_is_text_only_when_its_type_says_so() -> None:
     parts = [{"type": "image_url", "text": "sneaky", "image_url": {"url": "x"}}]
     assert refused(chat(messages=[{"role": "user", "content": parts}])).param == "messages"
+
+
+# n, logprobs, and the fields the backend does not implement
+
+
+def test_n_and_logprobs_are_read() -> None:
+    req = parse_generation(chat(n=3, logprobs=True, top_logprobs=5), "chat")
+    assert req.n == 3 and req.logprobs and req.sampling.logprobs == 5
+    plain = parse_generation(chat(logprobs=True), "chat")
+    assert plain.sampling.logprobs == 0  # the chosen token's logprob, no alternatives
+    assert parse_generation(chat(logprobs=False), "chat").sampling.logprobs is None
+    assert parse_generation(chat(n=8), "chat").n == 8
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 2.5}, "top_logprobs"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"logprobs": "true"}, "logprobs"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tools": []}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"parallel_tool_calls": True}, "parallel_tool_calls"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"presence_penalty": False}, "presence_penalty"),  # False is not 0
+        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+        ({"store": True}, "store"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"reasoning_effort": "low"}, "reasoning_effort"),
+        ({"top_k": 40}, "top_k"),
+        ({"cache_salt": "x"}, "cache_salt"),
+        ({"best_of": 2}, "best_of"),
+    ],
+)
+def test_what_the_chat_endpoint_does_not_implement_is_refused_naming_it(
+    fields: dict[str, Any], param: str
+) -> None:
+    assert refused(chat(**fields), "chat").param == param
+
+
+def test_the_refusal_of_an_unknown_field_names_it_in_the_message() -> None:
+    error = refused(chat(frobnicate=1), "chat")
+    assert error.param == "frobnicate" and "frobnicate" in error.message
+    assert "tool calling" in refused(chat(tools=[{"type": "function"}])).message
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"response_format": {"type": "text"}},
+        {"tools": None, "tool_choice": "none", "parallel_tool_calls": None},
+        {"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}},
+        {"user": "end-user-7", "safety_identifier": "h1", "store": False},
+        {"modalities": ["text"], "service_tier": "auto", "metadata": None},
+    ],
+)
+def test_fields_that_ask_for_nothing_are_accepted(fields: dict[str, Any]) -> None:
+    parse_generation(chat(**fields), "chat")
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"logprobs": 6}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),
+        ({"echo": True}, "echo"),
+        ({"suffix": "end"}, "suffix"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"messages": MSG}, "messages"),
+    ],
+)
+def test_what_the_completion_endpoint_does_not_implement_is_refused(
+    fields: dict[str, Any], param: str
+) -> None:
+    assert refused(completion(**fields), "completion").param == param
+    parse_generation(completion(echo=False, best_of=1), "completion")
+    assert parse_generation(completion(logprobs=5), "completion").sampling.logprobs == 5
+    assert parse_generation(completion(logprobs=0), "completion").sampling.logprobs == 0
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]},
+        {"role": "function", "name": "f", "content": "42"},
+    ],
+)
+def test_a_history_with_a_tool_call_is_refused_saying_so(message: dict[str, Any]) -> None:
+    error = refused(chat(messages=[*MSG, message]))
+    assert error.param == "messages" and "tool call" in error.message
+
+
+def test_each_choice_draws_from_its_own_seed_and_choice_0_from_the_requests() -> None:
+    req = parse_generation(chat(n=3, seed=7, temperature=0.8), "chat")
+    seeds = [req.choice_sampling(i).seed for i in range(3)]
+    assert seeds[0] == 7 and len(set(seeds)) == 3
+    assert seeds == [
+        parse_generation(chat(n=3, seed=7), "chat").choice_sampling(i).seed for i in range(3)
+    ]
+    unseeded = parse_generation(chat(n=2), "chat")
+    assert unseeded.choice_sampling(1) == unseeded.sampling
+
+
+def test_choices_and_chunks_carry_their_index_and_logprobs() -> None:
+    req = parse_generation(chat(n=2, logprobs=True), "chat")
+    entry = {"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": []}
+    shaped = {"content": [entry], "refusal": None}
+    choice = choice_body(req, 1, "Hi", "stop", shaped)
+    assert choice["index"] == 1 and choice["logprobs"] == shaped
+    chunk = chunk_body(req, "c", 1, "Hi", None, 1, shaped)["choices"][0]
+    assert chunk["index"] == 1 and chunk["logprobs"] == shaped
+    assert chunk_body(req, "c", 1, None, "stop", 1)["choices"][0]["logprobs"] is None

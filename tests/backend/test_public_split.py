@@ -13,7 +13,7 @@ from backend.openai_api import GenerationRequest
 from backend.prompt import chat_prompt_ids, special_strings
 from backend.public import public_segments
 from kvfence.capability import _mint
-from kvfence.handle import HandleForbidden
+from kvfence.handle_errors import HandleForbidden
 from kvfence.public import PublicGrant, chat_digest, text_digest
 
 P = _mint("public-ns")

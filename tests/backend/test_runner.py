@@ -4,6 +4,7 @@ prefix reuse, zeroing, sampling, and the real model's reference answer."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 import torch
@@ -31,14 +32,14 @@ def generate(
     plan = StepPlan(
         tuple(prefill(i, p, t) for i, (p, t) in enumerate(zip(prompts, tables, strict=True)))
     )
-    first = runner.execute(plan)
+    first = runner.execute(plan).tokens
     out = [[first[i]] for i in range(len(prompts))]
     for step in range(1, n_new):
         chunks = tuple(
             Chunk(i, (out[i][-1],), len(p) + step - 1, tuple(tables[i]), True, GREEDY, step)
             for i, p in enumerate(prompts)
         )
-        tokens = runner.execute(StepPlan(chunks))
+        tokens = runner.execute(StepPlan(chunks)).tokens
         for i in range(len(prompts)):
             out[i].append(tokens[i])
     return out
@@ -63,7 +64,7 @@ def generate_staggered(
             elif len(done) < n_new:
                 pos = len(p) + len(done) - 1
                 chunks.append(Chunk(i, (done[-1],), pos, tuple(tables[i]), True, GREEDY, len(done)))
-        for seq, token in runner.execute(StepPlan(tuple(chunks))).items():
+        for seq, token in runner.execute(StepPlan(tuple(chunks))).tokens.items():
             out[seq].append(token)
         step += 1
     return out
@@ -97,12 +98,12 @@ def test_chunked_prefill_and_mixed_steps(tiny_model: LoadedModel) -> None:
     """Sequence 0 prefills in two chunks while sequence 1 decodes in the same steps."""
     runner = ModelRunner(tiny_model, num_blocks=32, block_size=BS)
     p0, p1 = PROMPTS[0], PROMPTS[1]
-    first = runner.execute(StepPlan((prefill(1, p1, TABLES[1]),)))
+    first = runner.execute(StepPlan((prefill(1, p1, TABLES[1]),))).tokens
     head = Chunk(0, tuple(p0[:6]), 0, tuple(TABLES[0]), False, GREEDY, 0)
-    assert runner.execute(StepPlan((head,))) == {}  # nothing to sample: nothing returned
+    assert runner.execute(StepPlan((head,))).tokens == {}  # nothing to sample: nothing returned
     step1 = runner.execute(
         StepPlan((head, Chunk(1, (first[1],), len(p1), tuple(TABLES[1]), True, GREEDY, 1)))
-    )
+    ).tokens
     assert 0 not in step1
     step2 = runner.execute(
         StepPlan(
@@ -111,7 +112,7 @@ def test_chunked_prefill_and_mixed_steps(tiny_model: LoadedModel) -> None:
                 prefill(0, p0, TABLES[0], start=6),
             )
         )
-    )
+    ).tokens
     assert step2[0] == dense_greedy(tiny_model, p0, 1)[0]
     assert [first[1], step1[1], step2[1]] == dense_greedy(tiny_model, p1, 3)
 
@@ -119,13 +120,13 @@ def test_chunked_prefill_and_mixed_steps(tiny_model: LoadedModel) -> None:
 def test_prefix_blocks_in_the_pool_are_reused(tiny_model: LoadedModel) -> None:
     runner = ModelRunner(tiny_model, num_blocks=32, block_size=BS)
     prompt = PROMPTS[0]
-    whole = runner.execute(StepPlan((prefill(0, prompt, [1, 2, 3]),)))
+    whole = runner.execute(StepPlan((prefill(0, prompt, [1, 2, 3]),))).tokens
     # A second sequence shares the first two full blocks and computes only the rest.
-    reused = runner.execute(StepPlan((prefill(1, prompt, [1, 2, 7], start=2 * BS),)))
+    reused = runner.execute(StepPlan((prefill(1, prompt, [1, 2, 7], start=2 * BS),))).tokens
     assert reused[1] == whole[0]
     # Control: with the shared blocks zeroed, the same chunk no longer sees the prefix.
     runner.zero_blocks([1, 2])
-    blind = runner.execute(StepPlan((prefill(2, prompt, [1, 2, 8], start=2 * BS),)))
+    blind = runner.execute(StepPlan((prefill(2, prompt, [1, 2, 8], start=2 * BS),))).tokens
     assert blind[2] != whole[0]
 
 
@@ -175,7 +176,7 @@ def sampled_token(runner: ModelRunner, sampling: SamplingParams, n: int, others:
     """Sequence 0's sample at num_generated n, decoded beside `others` other sequences."""
     chunks = [Chunk(0, (5,), 3, (0,), True, sampling, n)]
     chunks += [Chunk(i, (i,), 2, (i,), True, sampling, i) for i in range(1, others + 1)]
-    return runner.execute(StepPlan(tuple(chunks)))[0]
+    return runner.execute(StepPlan(tuple(chunks))).tokens[0]
 
 
 def test_seeded_sampling_is_reproducible_across_batches(tiny_model: LoadedModel) -> None:
@@ -195,6 +196,39 @@ def test_tiny_top_p_is_greedy(tiny_model: LoadedModel) -> None:
     greedy = sampled_token(runner, GREEDY, 0, others=0)
     narrow = SamplingParams(temperature=1.0, top_p=1e-6)
     assert {sampled_token(runner, narrow, n, others=2) for n in range(6)} == {greedy}
+
+
+def test_logprobs_are_the_log_softmax_of_the_unmodified_logits(tiny_model: LoadedModel) -> None:
+    """Only the chunks that ask get logprobs; they are the dense reference's log_softmax of the
+    raw logits whatever the temperature, the chosen token's and the top k, most likely first."""
+    runner = ModelRunner(tiny_model, num_blocks=8, block_size=BS)
+    prompt = [1, 2, 3, 4, 5]
+    greedy = replace(GREEDY, logprobs=5)
+    hot = SamplingParams(temperature=1.7, top_p=0.9, seed=3, logprobs=3)
+    plan = StepPlan(
+        (
+            Chunk(0, tuple(prompt), 0, (0, 1), True, greedy, 0),
+            Chunk(1, tuple(prompt), 0, (2, 3), True, hot, 0),
+            Chunk(2, tuple(prompt), 0, (4, 5), True, GREEDY, 0),
+        )
+    )
+    result = runner.execute(plan)
+    assert set(result.logprobs) == {0, 1}  # seq 2 did not ask
+    with torch.inference_mode():
+        reference = torch.log_softmax(tiny_model.model.forward_dense(prompt)[-1], dim=-1)
+    expected = reference.topk(5)
+    for seq, k in ((0, 5), (1, 3)):
+        lp = result.logprobs[seq]
+        token = result.tokens[seq]
+        assert lp.logprob == pytest.approx(float(reference[token]), abs=1e-4)
+        assert [t for t, _ in lp.top] == expected.indices[:k].tolist()
+        assert [v for _, v in lp.top] == pytest.approx(expected.values[:k].tolist(), abs=1e-4)
+    assert result.tokens[0] == result.logprobs[0].top[0][0]  # greedy takes the top entry
+    assert result.logprobs[0].logprob == result.logprobs[0].top[0][1]
+    no_top = runner.execute(
+        StepPlan((Chunk(0, tuple(prompt), 0, (0, 1), True, replace(GREEDY, logprobs=0), 0),))
+    )
+    assert no_top.logprobs[0].top == () and no_top.logprobs[0].logprob <= 0
 
 
 REFERENCE_QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -248,9 +282,9 @@ def test_prefix_reuse_gives_the_same_next_token(smollm2: LoadedModel) -> None:
     ids = chat_ids(smollm2, BATCH_QUESTIONS[1])
     full = len(ids) // 16
     assert full >= 1
-    whole = runner.execute(StepPlan((prefill(0, ids, list(range(full + 1))),)))
+    whole = runner.execute(StepPlan((prefill(0, ids, list(range(full + 1))),))).tokens
     reused_table = [*range(full), 15]  # shared prefix blocks, a fresh block for the tail
-    reused = runner.execute(StepPlan((prefill(1, ids, reused_table, start=full * 16),)))
+    reused = runner.execute(StepPlan((prefill(1, ids, reused_table, start=full * 16),))).tokens
     assert reused[1] == whole[0]
 
 

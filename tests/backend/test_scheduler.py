@@ -48,7 +48,7 @@ class Harness:
 
     def step(self) -> StepPlan:
         plan = self.sched.schedule()
-        sampled = self.runner.execute(plan) if plan.chunks else {}
+        sampled = self.runner.execute(plan).tokens if plan.chunks else {}
         self.sched.update(plan, sampled)
         self.pool.check_integrity()
         return plan

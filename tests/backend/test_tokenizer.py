@@ -55,6 +55,15 @@ def test_special_token_text_can_be_encoded_as_plain_text(tiny_tokenizer: Tokeniz
     assert tiny_tokenizer.encode("a<|im_end|>") == [*b"a", 256]
 
 
+def test_token_bytes_are_the_bytes_each_token_stands_for(tiny_tokenizer: Tokenizer) -> None:
+    text = "naïve — ok\n\t"
+    ids = tiny_tokenizer.encode(text)
+    assert [tiny_tokenizer.token_bytes(i) for i in ids] == [bytes([b]) for b in text.encode()]
+    assert tiny_tokenizer.token_bytes(256) == b"<|im_end|>"  # a special token: its text
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tiny_tokenizer.token_bytes(10_000)
+
+
 def test_chat_template_renders_messages_and_generation_prompt() -> None:
     template = ChatTemplate(
         "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{{ eos_token }}{% endfor %}"
@@ -102,3 +111,4 @@ def test_smollm2_round_trip_and_digits(smollm2: LoadedModel) -> None:
     assert tok.decode(ids) == MIXED_TEXT + " 12345"
     assert len(tok.encode("12345")) == 5  # SmolLM2 splits numbers into single digits
     assert "".join(stream(tok, ids)) == MIXED_TEXT + " 12345"
+    assert b"".join(map(tok.token_bytes, ids)) == (MIXED_TEXT + " 12345").encode()

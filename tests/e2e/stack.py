@@ -4,7 +4,7 @@ and both servers, built the way an operator would (files on disk, `load_policy`)
 from __future__ import annotations
 
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +14,7 @@ import aiohttp
 from aiohttp import web
 
 from backend.engine.engine import Engine, EngineConfig
+from backend.engine.sequence import Sequence
 from backend.model.load import LoadedModel
 from backend.runner import ModelRunner
 from backend.server import create_app as create_backend
@@ -107,22 +108,35 @@ def write_policy(
 
 
 def make_backend(
-    loaded: LoadedModel, keys: Keys, *, leaky: bool = False, blocks: int = 256
+    loaded: LoadedModel,
+    keys: Keys,
+    *,
+    leaky: bool = False,
+    blocks: int = 256,
+    leak_into: Callable[[Sequence], bool] | None = None,
 ) -> web.Application:
     """Our backend app; `leaky` swaps in the test double that maps a foreign block into new
-    requests (tests/backend/leaky_engine.py)."""
-    return backend_and_runner(loaded, keys, leaky=leaky, blocks=blocks)[0]
+    requests (tests/backend/leaky_engine.py), or only into those `leak_into` picks."""
+    return backend_and_runner(loaded, keys, leaky=leaky, blocks=blocks, leak_into=leak_into)[0]
 
 
 def backend_and_runner(
-    loaded: LoadedModel, keys: Keys, *, leaky: bool = False, blocks: int = 256
+    loaded: LoadedModel,
+    keys: Keys,
+    *,
+    leaky: bool = False,
+    blocks: int = 256,
+    leak_into: Callable[[Sequence], bool] | None = None,
 ) -> tuple[web.Application, ModelRunner]:
     """`make_backend`, and its model runner (whose KV pool a test may read once the engine
     is idle)."""
     runner = ModelRunner(loaded, num_blocks=blocks, block_size=16)
     config = EngineConfig(num_blocks=blocks, block_size=16)
+    engine = (LeakyEngine if leaky else Engine)(runner, config)
+    if isinstance(engine, LeakyEngine) and leak_into is not None:
+        engine.scheduler.leak_into = leak_into  # type: ignore[method-assign]
     backend = Backend(
-        EngineWorker((LeakyEngine if leaky else Engine)(runner, config)),
+        EngineWorker(engine),
         loaded.tokenizer,
         ServedModel(loaded.name, "1", loaded.config.max_positions),
         HandleVerifier(TrustStore.from_file(keys.folder / "backend-trust.json"), AUDIENCE),

@@ -126,6 +126,26 @@ async def test_a_foreign_block_is_blocked_before_any_token(
         assert log_verifies(stack)
 
 
+async def test_a_foreign_block_in_one_of_n_choices_blocks_the_whole_answer(
+    smollm2: LoadedModel, keys: Keys
+) -> None:
+    """Only the last choice's sequence gets the foreign block; the answer's one attestation
+    names it, so the gateway withholds every choice, streamed or not."""
+    last_choices = {4, 7}  # acme's request is sequence 1; globex's choices are 2-4, then 5-7
+    backend = make_backend(
+        smollm2, keys, leaky=True, leak_into=lambda seq: seq.seq_id in last_choices
+    )
+    async with running_stack(backend, keys, smollm2.name) as stack:
+        await cached_of(stack, "acme", chat())
+        resp = await stack.post("globex", chat("Tell me about pallets and customs. " * 4, n=3))
+        assert resp.status == 502 and resp.headers["x-kvfence-verdict"] == "violation"
+        assert "choices" not in await resp.json()
+        streamed = await stack.post("globex", chat("What of refunds? " * 8, n=3, stream=True))
+        assert streamed.status == 502
+        assert b"data:" not in await streamed.read()
+        assert [r["verdict"] for r in records(stack)] == ["clean", "violation", "violation"]
+
+
 async def test_monitor_mode_lets_the_violation_through_and_logs_it(
     smollm2: LoadedModel, keys: Keys
 ) -> None:
@@ -164,6 +184,72 @@ async def test_the_openai_client_through_the_gateway(stack: Stack) -> None:
     finally:
         await client.close()
     assert [r["verdict"] for r in records(stack)] == ["clean", "clean"]
+
+
+async def test_logprobs_and_n_through_the_gateway_with_the_openai_client(stack: Stack) -> None:
+    """The gateway passes n, logprobs and top_logprobs on, judges the one attestation of a
+    several-choice answer clean, and relays the backend's refusal naming the parameter."""
+    client = openai.AsyncOpenAI(
+        base_url=stack.url + "/v1", api_key=stack.keys.api_keys["acme"], max_retries=0
+    )
+    question: Any = [{"role": "user", "content": "What is the capital of France?"}]
+    try:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="smollm2",
+            messages=question,
+            max_tokens=8,
+            temperature=0,
+            n=2,
+            logprobs=True,
+            top_logprobs=3,
+        )
+        assert raw.headers["x-kvfence-verdict"] == "clean"
+        answer = raw.parse()
+        assert [c.index for c in answer.choices] == [0, 1]
+        first, second = answer.choices
+        assert (first.message.content or "").startswith("The capital of France is")
+        assert second.message == first.message  # greedy choices are identical
+        assert first.logprobs is not None and first.logprobs.content is not None
+        entries = first.logprobs.content
+        assert answer.usage is not None and answer.usage.completion_tokens == 2 * len(entries)
+        for entry in entries:
+            assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+            assert (entry.token, entry.logprob) == (
+                entry.top_logprobs[0].token,
+                entry.top_logprobs[0].logprob,
+            )
+        stream = await client.chat.completions.create(
+            model="smollm2",
+            messages=question,
+            max_tokens=6,
+            temperature=1.2,
+            seed=5,
+            n=3,
+            logprobs=True,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        counted = {0: 0, 1: 0, 2: 0}
+        usage = None
+        async for chunk in stream:
+            for choice in chunk.choices:
+                counted[choice.index] += (
+                    len(choice.logprobs.content or []) if choice.logprobs else 0
+                )
+            usage = chunk.usage or usage
+        assert usage is not None and sum(counted.values()) == usage.completion_tokens
+        assert all(counted.values())
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model="smollm2",
+                messages=question,
+                tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            )
+        assert refused.value.param == "tools"
+    finally:
+        await client.close()
+    assert [r["verdict"] for r in records(stack)] == ["clean", "clean", "unattested"]
+    assert log_verifies(stack)
 
 
 async def test_two_concurrent_sessions_share_batches_and_nothing_else(stack: Stack) -> None:

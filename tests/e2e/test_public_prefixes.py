@@ -248,3 +248,56 @@ async def test_scope_request_never_hits_and_leaves_only_zeroed_blocks(
 def kv_zero(runner: ModelRunner) -> bool:
     caches = [*runner.k_cache, *runner.v_cache]
     return all(not torch.any(c).item() for c in caches)
+
+
+async def test_each_of_n_choices_starts_on_the_public_prefix_and_scope_request_scrubs_them(
+    smollm2: LoadedModel, keys: Keys
+) -> None:
+    """n=2 with a declared prefix: both choices' sequences get the public segment (their block
+    runs agree, or the attestation would carry none and not be clean), logprobs come back for
+    each, and the one attestation's runs show the public blocks, counted once for the prompt.
+    A request-scoped tenant's two choices leave only zeroed blocks behind."""
+    app, runner = backend_and_runner(smollm2, keys, blocks=64)
+    settings = {"acme": "scope: tenant", "globex": "scope: request"}
+    async with running_stack(
+        app, keys, smollm2.name, tenants=settings, extra=public_section()
+    ) as stack:
+        assert await ask(stack, "globex", chat(SYSTEM, "Do gift cards expire?", n=2)) == 0
+        assert records(stack)[-1]["public_blocks"] == 0  # scope request shares nothing
+
+        async def scrubbed() -> bool:
+            stats = await engine_stats(app)
+            idle = stats.blocks_used == 0 and stats.blocks_cached == 0
+            return idle and bool(await app[BACKEND].worker.call(lambda _: kv_zero(runner)))
+
+        await until(scrubbed, what="both choices' blocks are freed and zeroed")
+        body = chat(SYSTEM, "Do gift cards expire?", n=2, logprobs=True, top_logprobs=2)
+        resp = await stack.post("acme", body)
+        assert resp.status == 200 and resp.headers["x-kvfence-verdict"] == "clean"
+        answer = await resp.json()
+        choices = answer["choices"]
+        assert [c["index"] for c in choices] == [0, 1]
+        assert choices[0]["message"] == choices[1]["message"]  # greedy: the same answer
+        entries = [e for c in choices for e in c["logprobs"]["content"]]
+        assert len(entries) == answer["usage"]["completion_tokens"] >= 2
+        assert all(e["logprob"] <= 0 and len(e["top_logprobs"]) == 2 for e in entries)
+        public = records(stack)[-1]["public_blocks"]
+        assert public >= 3
+        own = derive_namespace(NS_KEY, "acme", "tenant", "", "smollm2", "1")
+        pub = public_namespace(NS_KEY, "smollm2", "1")
+        share = Share(PUBLIC_GROUP, 0.5, 0.25)
+        part = PublicPart(pub, 1, len(SYSTEM), chat_digest([("system", SYSTEM)]), share)
+        raw = orjson.dumps(chat(SYSTEM, "Where do you ship?", n=2))
+        headers = {HANDLE_HEADER: signed(keys, raw, "r-n2", (part,))}
+        async with stack.session.post(
+            stack.backend_url + "/v1/chat/completions", data=raw, headers=headers
+        ) as direct:
+            assert direct.status == 200 and len((await direct.json())["choices"]) == 2
+            token = direct.headers[ATTESTATION_HEADER]
+        trust = TrustStore.from_file(keys.folder / "gateway-trust.json")
+        att = AttestationVerifier(trust, AUDIENCE).verify(token)
+        assert att.block_namespaces == {pub, own}
+        assert att.cached_tokens == public * BS  # acme's public blocks, read by both choices
+        (first, runs), (second, rest) = att.block_runs
+        assert (first, second, runs) == (pub, own, public)
+        assert runs + rest == -(-att.prompt_tokens // BS)  # the prompt's blocks, counted once

@@ -12,16 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvfence.capability import Namespace
-from kvfence.handle import (
-    HANDLE_PREFIX,
-    HandleError,
-    HandleForbidden,
-    HandleSigner,
-    HandleUnavailable,
-    HandleVerifier,
-    body_digest,
-    sign_token,
-)
+from kvfence.handle import HANDLE_PREFIX, HandleSigner, HandleVerifier, sign_token
+from kvfence.handle_claims import body_digest
+from kvfence.handle_errors import HandleError, HandleForbidden, HandleUnavailable
 from kvfence.keyfile import TrustStore, generate_key
 
 NOW = 1_800_000_000.0

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from kvfence.handle import HANDLE_PREFIX, HandleError, HandleSigner, sign_token
+from kvfence.handle import HANDLE_PREFIX, HandleSigner, sign_token
+from kvfence.handle_errors import HandleError
 from kvfence.public import PUBLIC_GROUP, PublicPart, chat_digest, text_digest
 from kvfence.share import Share
 from tests.kvfence.test_handle import BODY, KEY, NOW, FakeClock, mint, rid, verifier
