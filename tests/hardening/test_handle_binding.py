@@ -102,9 +102,9 @@ async def test_the_handle_covers_the_bytes_the_gateway_forwards(
     wired: tuple[Stack, Tap, str],
 ) -> None:
     stack, tap, _ = wired
-    big = 18446744073709551616  # 2^64: re-encoded exactly, and signed as sent
+    big = 18446744073709551615  # 2^64 - 1, which a float would round: forwarded and signed exactly
     resp = await stack.post("acme", completion("hello there", seed=big), "/v1/completions")
     assert resp.status == 200, await resp.text()
     assert resp.headers["x-kvfence-verdict"] == "clean"
     [(_, sent)] = tap.seen
-    assert b'"seed":18446744073709551616' in sent
+    assert b'"seed":18446744073709551615' in sent
