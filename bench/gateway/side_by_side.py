@@ -207,7 +207,7 @@ def _sm(row: dict[str, Any]) -> tuple[str, str]:
 
 
 def goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's goals, judged on the small non-streamed rows of the gateway (this tree)."""
+    """The gateway's goals, judged on its small non-streamed rows (this tree)."""
 
     def find(mode: str) -> dict[str, Any]:
         return next(
