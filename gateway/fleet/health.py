@@ -117,6 +117,3 @@ class SharedHealthBoard(HealthBoard):
         except SharedUnavailable:
             return True
         return bool(claimed)
-
-    def update_sync(self, backend: str, change: Change) -> tuple[Health, Health]:
-        raise NotImplementedError("the shared board is changed with `await update(...)`")

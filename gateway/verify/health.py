@@ -85,7 +85,7 @@ class HealthBoard:
             await asyncio.sleep(REFRESH_S)
             await asyncio.to_thread(self._load)
 
-    def update_sync(
+    def _update_locked(
         self, backend: str, change: Callable[[Health], Health]
     ) -> tuple[Health, Health]:
         """Apply `change` to the backend's state under the lock; returns (before, after)."""
@@ -110,7 +110,7 @@ class HealthBoard:
     async def update(
         self, backend: str, change: Callable[[Health], Health]
     ) -> tuple[Health, Health]:
-        return await asyncio.to_thread(self.update_sync, backend, change)
+        return await asyncio.to_thread(self._update_locked, backend, change)
 
     async def claim_round(self, backend: str, interval_s: float) -> bool:
         """Whether this gateway runs the backend's due canary round; its workers already take
