@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet.redis_server import REDIS, RedisServer
+from tests.fleet.redis_server import RedisServer, need_redis
 
 
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    if REDIS is None:
-        pytest.skip("redis-server is not installed (scripts/test installs it with apt-get)")
+    need_redis()
     folder = tmp_path / "redis"
     folder.mkdir()
     server = RedisServer(folder)

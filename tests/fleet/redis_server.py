@@ -3,13 +3,26 @@ persisted, stopped (and restartable on the same port) on demand."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 REDIS = shutil.which("redis-server")
+
+
+def need_redis() -> None:
+    """Skip without redis-server, or fail where it is required (scripts/test installs it and
+    sets KVFENCE_REQUIRE_REDIS=1, so CI cannot pass with the fleet tests skipped)."""
+    if REDIS is not None:
+        return
+    if os.environ.get("KVFENCE_REQUIRE_REDIS") == "1":
+        pytest.fail("KVFENCE_REQUIRE_REDIS=1 but redis-server is not installed", pytrace=False)
+    pytest.skip("redis-server is not installed (scripts/test installs it with apt-get)")
 
 
 def free_port() -> int:

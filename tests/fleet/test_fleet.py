@@ -33,7 +33,7 @@ from tests.fleet.processes import (
     start_backend,
     wait_ready,
 )
-from tests.fleet.redis_server import REDIS, RedisServer, free_port
+from tests.fleet.redis_server import RedisServer, free_port, need_redis
 from tests.polling import until
 
 pytestmark = pytest.mark.slow
@@ -53,8 +53,7 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    if REDIS is None:
-        pytest.skip("redis-server is not installed (scripts/test installs it with apt-get)")
+    need_redis()
     folder = tmp_path_factory.mktemp("fleet")
     keys = make_keys(folder)
     (folder / "redis").mkdir()

@@ -4,6 +4,7 @@ between processes, bounded, and never claims to reach back past what it evicted.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,8 @@ async def test_a_young_history_says_unexplained_not_violation(tmp_path: Path) ->
 
 async def test_exact_mode_explains_whole_blocks_only(tmp_path: Path) -> None:
     if not (MODEL_DIR / "tokenizer.json").is_file():
+        if os.environ.get("KVFENCE_REQUIRE_VLLM") == "1":  # scripts/vllm-env made it: required
+            pytest.fail(f"KVFENCE_REQUIRE_VLLM=1 but {MODEL_DIR}/tokenizer.json is missing")
         pytest.skip("no tokenizer directory here (made by scripts/vllm-env)")
     store = FingerprintStore(tmp_path / "h.bin", 1 << 12)
     detective = Detective(store, b"s" * 32, HistorySettings(block_max_age_s=0))
