@@ -46,7 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     verify.add_argument(
         "--allow-pruned", action="store_true", help="accept a chain whose oldest files you deleted"
     )
-    verify.add_argument("--rotated", action="store_true", help=argparse.SUPPRESS)  # always now
+    verify.add_argument(
+        "--rotated", action="store_true", help="no effect: rotated files are always checked"
+    )
     keys = verify.add_mutually_exclusive_group()
     keys.add_argument("--key-env", help="env var holding the key (default KVFENCE_AUDIT_KEY)")
     keys.add_argument("--key-file", type=Path, help="file holding the key")
