@@ -25,6 +25,7 @@ from gateway.app import create_app
 from gateway.audit.chain import worker_path
 from gateway.audit.lock import check_free
 from gateway.audit.log import AuditWriteError
+from gateway.fleet.shared import missing_support
 from gateway.metrics import prepare_shared, share_values, worker_exited
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
@@ -228,6 +229,9 @@ def main(args: argparse.Namespace) -> int:
         return 1
     if args.workers < 1:
         print("kvfence gateway: --workers must be at least 1", file=sys.stderr)
+        return 2
+    if missing := missing_support(policy):
+        print(f"kvfence gateway: refusing to start: {missing}", file=sys.stderr)
         return 2
     try:  # one line now, rather than one per worker later
         _check_free(args, policy)

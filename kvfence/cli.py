@@ -26,6 +26,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# A module a command may miss -> the extra that installs it (tests/kvfence/test_cli_extras.py
+# checks each against pyproject.toml). A module shared by several extras names the command's own.
+EXTRA_OF_MODULE: dict[str, str] = {
+    "redis": "redis",
+    "torch": "backend",
+    "numpy": "backend",
+    "gguf": "backend",
+    "tokenizers": "backend",
+    "jinja2": "backend",
+    "safetensors": "backend",
+    "scipy": "probe-report",
+    "matplotlib": "probe-report",
+}
+EXTRA_OF_COMMAND: dict[str, str] = {"backend": "backend", "probe": "probe"}
+
+
+def extra_for(command: str, module: str | None) -> str:
+    """The extra that provides `module` (a missing import's top-level name) for `command`."""
+    top = (module or "").partition(".")[0]
+    return EXTRA_OF_MODULE.get(top) or EXTRA_OF_COMMAND.get(command, "gateway")
+
+
 class _Command(Protocol):
     def configure(self, parser: argparse.ArgumentParser) -> None: ...
     def main(self, args: argparse.Namespace) -> int: ...
@@ -55,11 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         module = cast(_Command, importlib.import_module(module_name))
     except ImportError as exc:
-        extra = "backend" if module_name.startswith("backend") else "gateway"
-        if module_name.startswith("kvfence.probe"):
-            extra = "probe"
+        extra = extra_for(name, exc.name)
         print(
-            f"kvfence {name}: missing dependency ({exc.name}); install kvfence[{extra}]",
+            f"kvfence {name}: missing dependency ({exc.name}); "
+            f"install it with: pip install 'kvfence[{extra}]'",
             file=sys.stderr,
         )
         return 2

@@ -13,12 +13,16 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gateway.errors import SharedStateUnavailable
-from gateway.fleet.limits import RedisLimits
-from gateway.fleet.store import SharedStore, SharedUnavailable
+from gateway.fleet.unavailable import SharedUnavailable
 from gateway.limits import Refusal, SharedLimits
 from gateway.policy.tenant_model import Tenant
+
+if TYPE_CHECKING:  # Redis is imported only when the policy has `gateway.shared`
+    from gateway.fleet.limits import RedisLimits
+    from gateway.fleet.store import SharedStore
 
 log = logging.getLogger("kvfence.gateway.shared")
 

@@ -1,25 +1,39 @@
 """Opening the shared state for one gateway app: with `gateway.shared`, the verification health
 board and the tenant limits move to Redis; without it, nothing changes (all local).
 
-Invariant: the store is opened once per worker and closed after every task that uses it.
+Invariant: the store is opened once per worker and closed after every task that uses it;
+Redis support (the `redis` extra) is imported only for a policy with `gateway.shared`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.fleet.health import SharedHealthBoard
-from gateway.fleet.limits import RedisLimits
 from gateway.fleet.metrics import FLEET_METRICS
-from gateway.fleet.store import SharedStore
 from gateway.policy.model import Policy
 from gateway.state import LIMITER, METRICS, VERIFY
 
-SHARED = web.AppKey("kvfence_shared_store", SharedStore)
+if TYPE_CHECKING:
+    from gateway.fleet.limits import RedisLimits
+    from gateway.fleet.store import SharedStore
+
+SHARED: web.AppKey[SharedStore] = web.AppKey("kvfence_shared_store")
+
+
+def missing_support(policy: Policy) -> str | None:
+    """One line naming the extra to install when the policy asks for Redis and it is absent."""
+    if policy.gateway.shared is None or importlib.util.find_spec("redis") is not None:
+        return None
+    return (
+        "the policy sets gateway.shared, which needs Redis support: "
+        "pip install 'kvfence[gateway,redis]'"
+    )
 
 
 class SharedCollector(Collector):
@@ -41,6 +55,10 @@ def open_shared(app: web.Application, policy: Policy) -> RedisLimits | None:
     settings = policy.gateway.shared
     if settings is None:
         return None
+    from gateway.fleet.health import SharedHealthBoard
+    from gateway.fleet.limits import RedisLimits
+    from gateway.fleet.store import SharedStore
+
     store = app[SHARED] = SharedStore(settings, policy, app[FLEET_METRICS])
     verification = app[VERIFY]
     verification.health = SharedHealthBoard(verification.state_dir / "health.json", store)

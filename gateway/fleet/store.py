@@ -23,15 +23,12 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.fleet.metrics import FleetMetrics
+from gateway.fleet.unavailable import SharedUnavailable
 from gateway.policy.model import OnSharedFailure, Policy, SharedSettings
 
 T = TypeVar("T")
 PREFIX: Final = "kvf1:"
 log = logging.getLogger("kvfence.gateway.shared")
-
-
-class SharedUnavailable(Exception):
-    """Redis could not be reached or answered an error; the caller applies `on_failure`."""
 
 
 class SharedStore:
