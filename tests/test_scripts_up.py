@@ -1,5 +1,6 @@
-"""`scripts/up` from a fresh clone: both services become healthy, and the curl example it prints
-works as printed. (The clone reuses this checkout's installed .venv instead of installing one.)"""
+"""`scripts/up` from a fresh clone in a user's environment (the machine's Python, none of this
+suite's settings): it installs its own `.venv`, both services become healthy, and the curl
+example it prints works as printed; a busy port is named before anything is installed."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.fresh_env import clone as _clone
+from tests.fresh_env import free_port as _free_port
+from tests.fresh_env import user_env as _env
+
 READY_LINE = "Ctrl-C stops both"
 
 
@@ -39,25 +42,6 @@ def _printed_curl(output: str) -> str:
     match = re.search(r"^  (curl .*?'\n)", output, re.S | re.M)
     assert match, output
     return match.group(1)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _clone(tmp_path: Path) -> Path:
-    if not (ROOT / ".git").exists() or shutil.which("git") is None:
-        pytest.fail("this test needs the project's git checkout")
-    clone = tmp_path / "kvfence"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-    (clone / ".venv").symlink_to(ROOT / ".venv")
-    return clone
-
-
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("KVFENCE_")}
 
 
 def test_scripts_up_names_a_busy_port_before_starting_anything(tmp_path: Path) -> None:
@@ -83,9 +67,11 @@ def test_scripts_up_names_a_busy_port_before_starting_anything(tmp_path: Path) -
     assert f"127.0.0.1:{port} is already in use" in line
     assert "choose another: scripts/up --backend-port N" in line
     assert "starting" not in done.stdout and not (clone / ".kvfence" / "logs").exists()
+    assert not (clone / ".venv").exists()  # nothing installed for a run that cannot start
 
 
 @pytest.mark.slow
+@pytest.mark.fresh
 def test_scripts_up_from_a_fresh_clone(tmp_path: Path) -> None:
     clone = _clone(tmp_path)
     ports = {"--port": _free_port(), "--admin-port": _free_port(), "--backend-port": _free_port()}
@@ -99,7 +85,7 @@ def test_scripts_up_from_a_fresh_clone(tmp_path: Path) -> None:
         start_new_session=True,
     )
     try:
-        output = _read_until(proc, READY_LINE, deadline_s=300)
+        output = _read_until(proc, READY_LINE, deadline_s=900)  # installs .venv first
         state = clone / ".kvfence"
         assert oct(state.stat().st_mode & 0o777) == "0o700"
         assert oct((state / "demo.json").stat().st_mode & 0o777) == "0o600"

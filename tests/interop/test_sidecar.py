@@ -1,13 +1,12 @@
-"""`scripts/sidecar` from a fresh clone, in front of the session's real vLLM, as the README tells a
-newcomer to run it: it ends with the isolation proven by `kvfence probe`, `scripts/sidecar check`
-proves it again, the audit command it prints verifies both workers' chains, and Ctrl-C stops
-everything it started."""
+"""`scripts/sidecar` from a fresh clone (its own fresh `.venv`, a user's environment), in front of
+the session's real vLLM, as the README tells a newcomer to run it: it ends with the isolation
+proven by `kvfence probe`, `scripts/sidecar check` proves it again, the audit command it prints
+verifies both workers' chains, and Ctrl-C stops everything it started."""
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -16,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fresh_env import clone as fresh_clone
+from tests.fresh_env import user_env
+
 READY = "Ctrl-C stops everything this script started."
 
 
@@ -42,14 +43,11 @@ def _read_until(proc: subprocess.Popen[str], marker: str, deadline_s: float) -> 
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.fresh
 def test_scripts_sidecar_proves_isolation_in_front_of_vllm(tmp_path: Path, vllm_url: str) -> None:
-    if not (ROOT / ".git").exists() or shutil.which("git") is None:
-        pytest.fail("this test needs the project's git checkout")
-    clone = tmp_path / "kvfence"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-    (clone / ".venv").symlink_to(ROOT / ".venv")
+    clone = fresh_clone(tmp_path)  # the script installs its own .venv, as for a new user
     port, admin = _free_port(), _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVFENCE_")}
+    env = user_env()
     command = ["bash", "scripts/sidecar", "--vllm-url", vllm_url, "--port", str(port)]
     command += ["--admin-port", str(admin), "--block-size", "128"]
     proc = subprocess.Popen(
