@@ -31,10 +31,11 @@ def _secrets_env() -> dict[str, str]:
 
 
 def _start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[str]:
-    out = log.open("w")
-    return subprocess.Popen(
-        command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    with log.open("w") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
 
 
 def _stop(proc: subprocess.Popen[str]) -> int:
