@@ -4,7 +4,6 @@ tenant; the in-flight cap answers 503 with Retry-After instead of dropping conne
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import aiohttp
@@ -14,6 +13,7 @@ import pytest
 from gateway.policy.load import parse_policy
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway.conftest import ENV, KEYS, policy_text, run_gateway
+from tests.polling import until
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -86,10 +86,13 @@ async def test_concurrent_requests_are_capped_per_tenant(tmp_path: Path) -> None
         other.close()
         for resp in held:
             resp.close()
-        await asyncio.sleep(0.2)  # the gateway notices the closed streams and frees the slots
-        again = await gw.chat("acme", body)
-        assert again.status == 200
-        again.close()
+
+        async def admitted() -> bool:  # once the gateway has noticed the closed streams
+            again = await gw.chat("acme", body)
+            again.close()
+            return again.status == 200
+
+        await until(admitted, what="acme admitted again after closing its streams")
     finally:
         await gw.session.close()
         await runner.cleanup()
