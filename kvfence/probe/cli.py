@@ -37,8 +37,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api", choices=[a.value for a in Api], default=Api.CHAT.value)
     credentials.add_options(parser)
     run = parser.add_argument_group("method")
+    run.add_argument("--budget", type=int, default=DEFAULTS.budget, help="cross rounds (n per arm)")
     run.add_argument(
-        "--budget", type=int, default=DEFAULTS.budget, help="cross rounds at most (n per arm)"
+        "--max-budget",
+        type=int,
+        metavar="N",
+        help="run up to N cross rounds when the control's measured effect needs more than "
+        "--budget for the timing test's power (a noisy host); default: exactly --budget",
     )
     run.add_argument("--control-rounds", type=int, default=DEFAULTS.control_rounds)
     run.add_argument(
@@ -111,6 +116,7 @@ def _config(args: argparse.Namespace) -> ProbeConfig:
         primes=args.primes,
         control_rounds=args.control_rounds,
         budget=args.budget,
+        max_budget=args.max_budget,
         alpha=args.alpha,
         test=TimingTest(args.test),
         min_effect=args.min_effect,

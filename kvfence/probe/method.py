@@ -3,7 +3,8 @@ B probes) with the metadata test after every round and the timing test at the sc
 stopping at the first evidence of sharing; then the verdict.
 
 Invariant: requests go out one at a time in a fixed shape per arm and a random arm order; the
-cross phase only starts after a control has passed, and stops early only on evidence of sharing.
+cross phase only starts after a control has passed, and stops early only on evidence of sharing;
+its length is the budget, extended (up to the maximum budget) only on what the control measured.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from kvfence.probe.client import Identity, Sender
 from kvfence.probe.findings import MetadataFinding, TimingFinding, metadata_finding, timing_finding
+from kvfence.probe.power import POWER_TARGET, budget_for, power
 from kvfence.probe.prompts import PromptFactory
 from kvfence.probe.rounds import Arm, Measurement, Phase, Shape, run_round, times, warm_up
 from kvfence.probe.sequential import Schedule, evaluate, plan
@@ -32,7 +34,8 @@ class ProbeConfig:
     partial_rounds: int = 4  # cross rounds that also run a partial-prefix procedure
     primes: int = 1
     control_rounds: int = 12  # at 1e-4 the control still passes with 11 of 144 pairs out of order
-    budget: int = 50  # cross rounds at most: the n per arm of the timing test
+    budget: int = 50  # cross rounds: the n per arm of the timing test
+    max_budget: int | None = None  # up to this many when the control's effect needs more
     alpha: float = 1e-8
     control_alpha: float = 1e-4  # the timing control's level: how rarely no cache passes it
     test: TimingTest = TimingTest.RANK_SUM
@@ -52,6 +55,8 @@ class ProbeConfig:
             raise ValueError(
                 "the budget must be >= 1, the control needs >= 2 rounds, partial rounds >= 0"
             )
+        if self.max_budget is not None and self.max_budget < self.budget:
+            raise ValueError("the maximum budget must be at least the budget")
         if not 0 < self.alpha < 0.5 or not 0 < self.control_alpha < 0.5:
             raise ValueError("significance levels must be in (0, 0.5)")
         if not 0 < self.min_effect <= 1:
@@ -109,6 +114,22 @@ class _Run:
         return evaluate(self.schedule, look, hit, miss).rejected
 
 
+def cross_schedule(config: ProbeConfig, timing: TimingFinding) -> Schedule:
+    """The cross phase's timing schedule: `budget` rounds, or more (up to `max_budget`) when
+    the effect the control measured, scaled by `min_effect`, needs more for the target power.
+    The control's sends are not part of the cross test, so planning from them leaves its level
+    intact; a noisy host then gets more rounds instead of a verdict without power."""
+    schedule = plan(config.test, config.alpha, config.budget)
+    if config.max_budget is None or config.max_budget <= config.budget:
+        return schedule
+    assert timing.control_auc is not None
+    target = round(0.5 + config.min_effect * (timing.control_auc - 0.5), 4)
+    if power(schedule, target) >= POWER_TARGET:
+        return schedule
+    needed = budget_for(config.test, config.alpha, target) or config.max_budget
+    return plan(config.test, config.alpha, min(config.max_budget, needed))
+
+
 async def run_probe(
     send: Sender,
     a: Identity,
@@ -133,14 +154,16 @@ async def run_probe(
         run.tick(Phase.CONTROL, i + 1, config.control_rounds)
     meta, timing = run.metadata(), run.timing()
     rounds = 0
+    if timing.control_passed:
+        run.schedule = cross_schedule(config, timing)
     if meta.control_passed or (timing.control_passed and run.schedule.looks):
-        while rounds < config.budget:
+        while rounds < run.schedule.budget:
             partial = rounds < config.partial_rounds
             run.measurements += await run_round(
                 send, factory, shape, Phase.CROSS, a, b, order, partial
             )
             rounds += 1
-            run.tick(Phase.CROSS, rounds, config.budget)
+            run.tick(Phase.CROSS, rounds, run.schedule.budget)
             if run.sharing_seen(rounds):
                 break
         meta, timing = run.metadata(), run.timing()

@@ -143,7 +143,7 @@ def summary(result: ProbeResult, endpoint: Endpoint) -> str:
         )
     )
     lines.append(
-        f"cross: A primes, B probes: {result.rounds} of at most {result.config.budget} rounds"
+        f"cross: A primes, B probes: {result.rounds} of at most {result.schedule.budget} rounds"
     )
     if meta.available:
         lines.append(

@@ -139,3 +139,30 @@ async def test_the_false_shared_check_can_fail() -> None:
         sim = SimEndpoint(SimCache(block=8, template=0, rng=random.Random(seed)), scope=pooled)
         shared += (await probe(sim, FAST_NULL, seed)).decision.verdict is Verdict.SHARED
     assert shared >= 19
+
+
+async def test_a_noisy_control_extends_the_cross_phase_up_to_the_maximum_budget() -> None:
+    # Noise of the same size as the cache's effect: 10 rounds per arm lack the power, so the
+    # probe plans more from the control (never past the maximum) instead of ending inconclusive.
+    noisy = SimCache(per_token_s=0.0004, noise_s=0.015)
+    fixed = ProbeConfig(letters=96, partial_letters=32, budget=10, control_rounds=12)
+    short = await probe(SimEndpoint(cache=noisy), fixed, seed=3)
+    assert short.rounds == 10 and short.decision.verdict is Verdict.INCONCLUSIVE
+    noisy = SimCache(per_token_s=0.0004, noise_s=0.015)
+    extended = ProbeConfig(
+        letters=96, partial_letters=32, budget=10, max_budget=75, control_rounds=12
+    )
+    longer = await probe(SimEndpoint(cache=noisy), extended, seed=3)
+    assert 10 < longer.rounds <= 75 and longer.schedule.budget == longer.rounds
+    assert longer.decision.verdict is Verdict.ISOLATED
+
+
+async def test_a_clear_control_keeps_the_budget_even_with_a_maximum() -> None:
+    config = ProbeConfig(letters=96, partial_letters=32, budget=40, max_budget=75)
+    result = await probe(SimEndpoint(), config)
+    assert result.rounds == 40 and result.decision.verdict is Verdict.ISOLATED
+
+
+def test_a_maximum_below_the_budget_is_refused() -> None:
+    with pytest.raises(ValueError, match="maximum budget"):
+        ProbeConfig(budget=40, max_budget=20).check()
