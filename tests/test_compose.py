@@ -144,6 +144,33 @@ def test_gateway_image_installs_no_torch() -> None:
     assert "backend]" not in runs and ",backend" not in runs
 
 
+def _build_args(text: str) -> dict[str, str]:
+    """Every `ARG NAME[=DEFAULT]` of the Dockerfile, wherever declared."""
+    return dict(
+        (m.group(1), m.group(2) or "") for m in re.finditer(r"^ARG (\w+)(?:=(\S*))?$", text, re.M)
+    )
+
+
+def test_torch_comes_from_an_index_the_build_may_change() -> None:
+    """PyTorch's CPU index by default; `pypi` (or empty) for pip's own configured index where
+    that index cannot be reached but pip's holds the CPU build."""
+    text = DOCKERFILE.read_text()
+    args = _build_args(text)
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert args["PYTHON_IMAGE"] == "python:3.11-slim"
+    [torch] = [r for r in STAGES["backend"]["runs"] if "torch==" in r]
+    assert '--index-url "$TORCH_INDEX_URL"' in torch and '""|pypi)' in torch
+    assert "download.pytorch.org" not in torch, "the index is the argument, not a constant"
+
+
+@pytest.mark.parametrize("name", OURS)
+def test_compose_passes_the_build_arguments_from_the_environment(name: str) -> None:
+    """`docker compose build` with PYTHON_IMAGE or TORCH_INDEX_URL set passes them; unset, the
+    Dockerfile's defaults hold (compose drops a listed argument the environment lacks)."""
+    args = SERVICES[name]["build"]["args"]
+    assert sorted(args) == sorted(_build_args(DOCKERFILE.read_text()))
+
+
 def test_only_the_gateway_publishes_a_port() -> None:
     published = {name for name, svc in SERVICES.items() if svc.get("ports")}
     assert published == {"gateway"}
