@@ -312,3 +312,17 @@ def test_fleet_header_reads_the_env_file_and_verifies_each_gateways_log() -> Non
              f"{folder['/var/lib/kvfence/anchor']}/audit.anchor")
         )  # fmt: skip
     assert verified == expected
+
+
+def test_the_fleet_check_bursts_past_the_limit_the_fleet_policy_sets() -> None:
+    """scripts/compose-check proves the limit is shared by sending more than one gateway's
+    worth of acme's `concurrent` and fewer than two: shared, some are refused; per gateway,
+    none would be. The burst stays within the rate limit, so only `concurrent` can refuse."""
+    policy = yaml.safe_load((ROOT / "policies" / "fleet.yaml").read_text())
+    [acme] = [t for t in policy["tenants"] if t["id"] == "acme"]
+    limits = acme["limits"]
+    assert limits["concurrent"] == CHECK.CONCURRENT
+    assert CHECK.CONCURRENT < CHECK.BURST <= 2 * CHECK.CONCURRENT
+    burst = limits.get("burst", limits["requests_per_s"])  # default: one second's requests
+    assert burst >= CHECK.BURST + 4  # with the checks' requests just before it
+    assert len(_fleet_gateways()) == 2
