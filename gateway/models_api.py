@@ -1,7 +1,11 @@
-"""`GET /v1/models` and `GET /v1/models/{model}`: the models the authenticated tenant may use.
+"""`GET /v1/models` and `GET /v1/models/{model}`: the models the authenticated tenant may use
+and some backend serves now.
 
 Invariant: a tenant sees only its own models; retrieving any other model, unknown or served to
-others, answers the same 404 `model_not_found` the proxied paths answer.
+others, answers the same 404 `model_not_found` the proxied paths answer. A model whose every
+backend is down by the gateway's health checks (gateway.liveness) is neither listed nor
+retrieved, so a client never picks a model that can only answer 502; before the first checks
+end nothing is known down, and every model is offered.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from aiohttp import web
 
 from gateway.errors import ModelNotFound
 from gateway.filters.authn import authenticate
+from gateway.liveness import LIVENESS
 from gateway.state import RUNTIME, TENANT
 
 
@@ -22,16 +27,26 @@ def _json(data: object) -> web.Response:
     return web.Response(body=orjson.dumps(data), content_type="application/json")
 
 
+def _offered(request: web.Request) -> set[str]:
+    """The tenant's models that some backend serves, by this worker's latest checks."""
+    runtime, liveness = request[RUNTIME], request.app[LIVENESS]
+    return {
+        name
+        for name in runtime.allowed[request[TENANT].id]
+        if any(liveness.get(r.backend.name).up is not False for r in runtime.routes[name])
+    }
+
+
 async def list_models(request: web.Request) -> web.Response:
     await authenticate(request)
-    names = sorted(request[RUNTIME].allowed[request[TENANT].id])
+    names = sorted(_offered(request))
     return _json({"object": "list", "data": [_model(n) for n in names]})
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
     await authenticate(request)
     name = request.match_info["model"]
-    if name not in request[RUNTIME].allowed[request[TENANT].id]:
+    if name not in _offered(request):
         raise ModelNotFound(name)
     return _json(_model(name))
 

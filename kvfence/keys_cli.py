@@ -2,7 +2,8 @@
 
 The pepper comes from an environment variable, a file, or the policy's `api_key_pepper`. With
 `--policy` the tenant must be one the policy names; `--digest-file` appends the digest to the
-file of digests the tenant's `api_keys` reads, so nothing is pasted into a policy by hand.
+file of digests the tenant's `api_keys` reads, so nothing is pasted into a policy by hand;
+`--key-file` writes the key to a new file (mode 0600) instead of printing it, never overwriting.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         type=Path,
         help="append the digest to this file (a tenant's api_keys: [{file: PATH}])",
+    )
+    new.add_argument(
+        "--key-file",
+        metavar="PATH",
+        type=Path,
+        help="write the key to this new file (mode 0600) instead of printing it",
     )
     src = new.add_mutually_exclusive_group()
     src.add_argument("--pepper-env", metavar="NAME", help="env variable (default KVFENCE_PEPPER)")
@@ -110,6 +117,43 @@ def _append_digest(path: Path, digest: str) -> None:
         raise KeysError(f"cannot append to {path}: {exc.strerror}") from exc
 
 
+def _create_key_file(path: Path) -> int:
+    """A new file only the caller can read; an existing one is never replaced (it may hold the
+    only copy of a key a tenant uses)."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError as exc:
+        raise KeysError(f"{path} already exists: remove it first or name a new file") from exc
+    except OSError as exc:
+        raise KeysError(f"cannot create {path}: {exc.strerror}") from exc
+
+
+def _write_key(fd: int, key: str, path: Path) -> None:
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write(key + "\n")
+    except OSError as exc:
+        raise KeysError(f"cannot write {path}: {exc.strerror}") from exc
+
+
+def _mint(args: argparse.Namespace, pepper: bytes) -> tuple[str, str]:
+    """The key and its digest, recorded where the options say. A failure leaves no key file
+    whose digest was not recorded, and no digest of a key that was not kept."""
+    fd = None if args.key_file is None else _create_key_file(args.key_file)
+    key = mint_key()
+    digest = key_digest(pepper, key)
+    try:
+        if fd is not None:
+            _write_key(fd, key, args.key_file)
+        if args.digest_file is not None:
+            _append_digest(args.digest_file, digest)
+    except KeysError:
+        if args.key_file is not None:
+            args.key_file.unlink(missing_ok=True)
+        raise
+    return key, digest
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         if not TENANT_ID_RE.fullmatch(args.tenant):
@@ -117,19 +161,19 @@ def main(args: argparse.Namespace) -> int:
                 f"tenant id {args.tenant!r} is not valid: use 1 to 64 of A-Z a-z 0-9 . _ - "
                 "(no spaces), the same id as in the policy's tenants"
             )
-        pepper = read_pepper(args)
-        key = mint_key()
-        digest = key_digest(pepper, key)
-        if args.digest_file is not None:
-            _append_digest(args.digest_file, digest)
+        key, digest = _mint(args, read_pepper(args))
     except KeysError as exc:
         print(f"kvfence keys: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        out = {"tenant": args.tenant, "api_key": key, "digest": digest}
+        where = {"api_key": key} if args.key_file is None else {"key_file": str(args.key_file)}
+        out = {"tenant": args.tenant, **where, "digest": digest}
         sys.stdout.write(orjson.dumps(out).decode() + "\n")
         return 0
-    print(f"API key for tenant {args.tenant} (shown once, store it now):\n  {key}")
+    if args.key_file is not None:
+        print(f"API key for tenant {args.tenant} written to {args.key_file}: give it to them")
+    else:
+        print(f"API key for tenant {args.tenant} (shown once, store it now):\n  {key}")
     if args.digest_file is not None:
         print(f"its digest was appended to {args.digest_file}")
     else:

@@ -5,17 +5,13 @@ outside, secrets are files mounted where they are read, and every service has a 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import importlib
 import io
 import json
-import os
 import re
-import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -144,6 +140,33 @@ def test_gateway_image_installs_no_torch() -> None:
     assert "backend]" not in runs and ",backend" not in runs
 
 
+def _build_args(text: str) -> dict[str, str]:
+    """Every `ARG NAME[=DEFAULT]` of the Dockerfile, wherever declared."""
+    return dict(
+        (m.group(1), m.group(2) or "") for m in re.finditer(r"^ARG (\w+)(?:=(\S*))?$", text, re.M)
+    )
+
+
+def test_torch_comes_from_an_index_the_build_may_change() -> None:
+    """PyTorch's CPU index by default; `pypi` (or empty) for pip's own configured index where
+    that index cannot be reached but pip's holds the CPU build."""
+    text = DOCKERFILE.read_text()
+    args = _build_args(text)
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert args["PYTHON_IMAGE"] == "python:3.11-slim"
+    [torch] = [r for r in STAGES["backend"]["runs"] if "torch==" in r]
+    assert '--index-url "$TORCH_INDEX_URL"' in torch and '""|pypi)' in torch
+    assert "download.pytorch.org" not in torch, "the index is the argument, not a constant"
+
+
+@pytest.mark.parametrize("name", OURS)
+def test_compose_passes_the_build_arguments_from_the_environment(name: str) -> None:
+    """`docker compose build` with PYTHON_IMAGE or TORCH_INDEX_URL set passes them; unset, the
+    Dockerfile's defaults hold (compose drops a listed argument the environment lacks)."""
+    args = SERVICES[name]["build"]["args"]
+    assert sorted(args) == sorted(_build_args(DOCKERFILE.read_text()))
+
+
 def test_only_the_gateway_publishes_a_port() -> None:
     published = {name for name, svc in SERVICES.items() if svc.get("ports")}
     assert published == {"gateway"}
@@ -263,117 +286,6 @@ def test_every_service_has_a_health_check_on_its_own_port(name: str) -> None:
     if name == "gateway":
         assert path == "/readyz"
         assert service["depends_on"]["backend"]["condition"] == "service_healthy"
-
-
-def _instructions(first: str) -> list[str]:
-    """The commands docker-compose.yml's header gives from the line `first` to the next blank
-    comment line, continuation lines joined."""
-    lines = [line.removeprefix("#") for line in COMPOSE_FILE.read_text().splitlines()]
-    start = next(i for i, line in enumerate(lines) if line.strip().startswith(first))
-    block = []
-    for line in lines[start:]:
-        if not line.strip():
-            break
-        block.append(line.removeprefix("   "))
-    return "\n".join(block).replace("\\\n", "").splitlines()
-
-
-def _local(command: str, root: Path) -> tuple[str, Path]:
-    """A documented command as this machine runs it without Docker: `docker compose run --rm
-    kvfence ARGS` is `kvfence ARGS` in the folder the service mounts as its working directory;
-    anything else runs as written in the checkout's root."""
-    words = shlex.split(command)
-    if words[:4] != ["docker", "compose", "run", "--rm"]:
-        return command, root
-    assert words[4] == TOOLS, command
-    tools = SERVICES[TOOLS]
-    folder = _volumes(tools)[tools["working_dir"]]
-    kvfence = f"{shlex.quote(sys.executable)} -m kvfence.cli"
-    return f"{kvfence} {shlex.join(words[5:])}", root / folder
-
-
-def _run_instructions(first: str, root: Path) -> str:
-    env = {
-        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-        "HOME": str(root),
-        "PYTHONPATH": str(ROOT),
-    }
-    out = []
-    for command in _instructions(first):
-        if command.startswith(("docker compose build", "docker compose up", "curl ")):
-            continue  # needs the engine (or the running stack): checked by `config` below
-        local, cwd = _local(command, root)
-        done = subprocess.run(
-            ["bash", "-c", f"set -eu\n{local}"], cwd=cwd, env=env,
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert done.returncode == 0, f"{command}\n{done.stderr}"
-        out.append(done.stdout)
-    return "".join(out)
-
-
-def _host_policy(root: Path) -> Path:
-    """policies/compose.yaml with every mounted path rebased onto `root`, as the gateway sees
-    it inside its container."""
-    text = POLICY_FILE.read_text()
-    gateway = SERVICES["gateway"]
-    for mount, name in _secret_mounts(gateway).items():
-        text = text.replace(mount + "}", f"{root / COMPOSE['secrets'][name]['file']}}}")
-    for target, source in _volumes(gateway).items():
-        if target.startswith("/var/lib/kvfence/") or target == "/etc/kvfence/tenants":
-            text = text.replace(target + "/", f"{root / source}/")
-    unmounted = [f for f in _secret_refs(yaml.safe_load(text), "file") if f.startswith("/run")]
-    assert unmounted == [], "the policy names a secret compose does not declare"
-    local = root / "policy.yaml"
-    local.write_text(text)
-    return local
-
-
-def test_documented_setup_runs_as_written_and_the_gateway_accepts_its_keys(
-    tmp_path: Path,
-) -> None:
-    printed = _run_instructions("printf 'KVFENCE_UID", tmp_path)
-    env_file = dict(line.split("=", 1) for line in (tmp_path / ".env").read_text().split())
-    assert env_file == {"KVFENCE_UID": str(os.getuid()), "KVFENCE_GID": str(os.getgid())}
-    files = {n: tmp_path / s["file"] for n, s in COMPOSE["secrets"].items()}
-    assert (tmp_path / ".kvfence" / "compose").stat().st_mode & 0o077 == 0
-    for name, path in files.items():
-        assert path.is_file(), f"the documented setup does not create secret {name}"
-        if not name.endswith("_trust"):  # trust files hold public keys
-            assert path.stat().st_mode & 0o077 == 0, f"secret {name} is readable by others"
-    keyfile = importlib.import_module("kvfence.keyfile")
-    keyfile.load_private_key(files["gateway_signing_key"])
-    keyfile.load_private_key(files["backend_signing_key"])
-    gateway_trust = keyfile.TrustStore.from_file(files["gateway_trust"])
-    # The backend signs attestations under its key file's stem; the gateway must trust that id.
-    backend_args = [str(a) for a in SERVICES["backend"]["command"]]
-    attestation_key_id = Path(_option(backend_args, "--signing-key")).stem
-    assert attestation_key_id in keyfile.TrustStore.from_file(files["backend_trust"])
-
-    policy = importlib.import_module("gateway.policy.load").load_policy(_host_policy(tmp_path))
-    assert policy.gateway.handle_key is not None
-    assert policy.gateway.handle_key.id in gateway_trust, "the backend would refuse every handle"
-    assert {b.kind for b in policy.backends} == {"kvfence", "vllm"}
-    assert policy.gateway.audit_log is not None and policy.gateway.admin.token is not None
-    # The keys `keys new` printed are the tenants' keys.
-    runtime = importlib.import_module("gateway.policy.runtime").Runtime(policy)
-    keys = re.findall(r"^  (kvf_\w+)$", printed, re.M)
-    assert [runtime.tenant_for_key(k).id for k in keys] == ["acme", "globex"]
-
-
-async def test_documented_audit_verify_checks_both_workers_chains(tmp_path: Path) -> None:
-    _run_instructions("printf 'KVFENCE_UID", tmp_path)
-    policy = importlib.import_module("gateway.policy.load").load_policy(_host_policy(tmp_path))
-    audit = policy.gateway.audit_log
-    log_module = importlib.import_module("gateway.audit.sink")
-    for worker in (1, 2):  # what `--workers 2` in the gateway's command writes
-        log = log_module.open_log(audit, worker)
-        await log.append({"request_id": f"r{worker}", "verdict": "clean"})
-        await log.close()
-    out = await asyncio.to_thread(
-        _run_instructions, "docker compose run --rm kvfence audit", tmp_path
-    )
-    assert "ok: 2 of 2 chains intact; verdicts: clean 2" in out
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")

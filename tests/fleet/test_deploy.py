@@ -111,7 +111,9 @@ def _rebased(text: str, tmp_path: Path) -> Path:
     for tenant in ("acme", "globex"):
         (tmp_path / "tenants" / f"{tenant}.digests").write_text("")
     text = text.replace("/etc/kvfence/tenants/", f"{tmp_path}/tenants/")
-    text = text.replace("/var/lib/kvfence/audit/", f"{tmp_path}/")
+    for folder in ("audit", "anchor"):
+        (tmp_path / folder).mkdir(mode=0o700)
+        text = text.replace(f"/var/lib/kvfence/{folder}/", f"{tmp_path}/{folder}/")
     out = tmp_path / "policy.yaml"
     out.write_text(text)
     return out
@@ -138,6 +140,34 @@ def test_the_configmap_policy_loads_and_names_the_services(tmp_path: Path) -> No
 def test_the_compose_fleet_policy_loads(tmp_path: Path) -> None:
     policy = load_policy(_rebased((ROOT / "policies" / "fleet.yaml").read_text(), tmp_path))
     _check_fleet(policy, {"http://backend-a:8000", "http://backend-b:8000"})
+
+
+def test_each_compose_gateway_keeps_its_own_log_and_its_anchor_apart(tmp_path: Path) -> None:
+    """Whoever rewrites a gateway's log cannot also roll back its anchor in the same folder,
+    and two replicas never write one chain."""
+    policy = load_policy(_rebased((ROOT / "policies" / "fleet.yaml").read_text(), tmp_path))
+    audit = policy.gateway.audit_log
+    assert audit is not None and audit.anchor is not None
+    text = yaml.safe_load((ROOT / "policies" / "fleet.yaml").read_text())["gateway"]["audit_log"]
+    log_dir, anchor_dir = Path(text["path"]).parent, Path(text["anchor"]).parent
+    assert log_dir != anchor_dir
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    sources = []
+    for name in ("gateway-a", "gateway-b"):
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in services[name]["volumes"]}
+        sources += [mounts[log_dir.as_posix()], mounts[anchor_dir.as_posix()]]
+    assert len(set(sources)) == 4, sources
+
+
+@pytest.mark.parametrize("service", ["gateway-a", "backend-a"])
+def test_compose_fleet_builds_as_docker_compose_yml_does(service: str) -> None:
+    """The same build arguments from the environment (PYTHON_IMAGE, TORCH_INDEX_URL), so a
+    build through either file makes the same image."""
+    fleet = yaml.safe_load(COMPOSE.read_text())["services"][service]["build"]
+    single = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    image = yaml.safe_load(COMPOSE.read_text())["services"][service]["image"]
+    [same] = [s["build"] for s in single.values() if s.get("image") == image and "build" in s]
+    assert fleet["args"] == same["args"] and fleet["target"] == same["target"]
 
 
 def test_compose_fleet_publishes_only_the_load_balancer() -> None:

@@ -192,3 +192,31 @@ def test_keys_new_appends_the_digest_to_the_tenants_digest_file(
         keys.append(orjson.loads(capsys.readouterr().out)["api_key"])
     assert digests.read_text().splitlines() == [key_digest(PEPPER.encode(), k) for k in keys]
     assert oct(digests.stat().st_mode & 0o777) == "0o600"
+
+
+def test_keys_new_writes_the_key_to_a_new_file_and_never_overwrites_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a script captures with `KEY=$(cat FILE)`: the key only in a file only its owner
+    reads, never on the terminal; a second key for the same file is refused, nothing recorded."""
+    monkeypatch.setenv("KVFENCE_PEPPER", PEPPER)
+    digests, key_file = tmp_path / "acme.digests", tmp_path / "acme.key"
+    args = ["keys", "new", "--tenant", "acme", "--digest-file", str(digests)]
+    assert kvfence_main([*args, "--key-file", str(key_file)]) == 0
+    out = capsys.readouterr().out
+    key = key_file.read_text().removesuffix("\n")
+    assert is_well_formed(key) and key not in out and str(key_file) in out
+    assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+    assert digests.read_text().splitlines() == [key_digest(PEPPER.encode(), key)]
+
+    assert kvfence_main([*args, "--key-file", str(key_file)]) == 2
+    assert f"{key_file} already exists" in capsys.readouterr().err
+    assert key_file.read_text() == key + "\n"
+    assert len(digests.read_text().splitlines()) == 1
+
+    # A digest that cannot be recorded takes its key file with it.
+    lost = tmp_path / "globex.key"
+    bad = ["--digest-file", str(tmp_path / "no-such-dir" / "d"), "--key-file", str(lost)]
+    assert kvfence_main(["keys", "new", "--tenant", "globex", *bad]) == 2
+    assert "cannot append to" in capsys.readouterr().err
+    assert not lost.exists()

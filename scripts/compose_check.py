@@ -1,0 +1,259 @@
+"""What scripts/compose-check needs beyond bash: a compose file's header commands as a script,
+a throwaway copy of the checkout, the checks through a running stack, and the audit record count.
+
+Standard library only: it runs with the host's python3 before any virtual environment exists.
+A header command is a comment line indented by three spaces (`#   CMD`); a command ending in `\\`
+goes on over the next comment lines. The commands are kept exactly as written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import re
+import shlex
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+COMMAND = re.compile(r"^#   (\S.*)$")
+TIMEOUT_S = 120  # one answer from a small CPU backend, with room for a loaded machine
+# Long enough to fill several whole cache blocks (16 tokens each on our backend).
+TEXT = (
+    "Summarise the following notes for a colleague who missed the meeting. The team reviewed "
+    "the quarterly plan for the storage service, agreed to move the nightly compaction job to "
+    "the early morning window, and asked the on-call engineer to document the restore drill. "
+    "Two open questions remain: whether the cache tier needs a second region before the "
+    "holiday traffic peak, and who owns the alerting rules after the reorganisation."
+)
+BURST, CONCURRENT = 12, 8  # the fleet policy's tenant limit: `concurrent: 8`
+
+
+class CheckFailed(Exception):
+    """A check did not hold: one line saying what was expected and what came."""
+
+
+def header_commands(path: Path) -> list[str]:
+    """The commands of the file's leading comment block, in order, continuations joined with
+    their backslash-newline as written."""
+    commands: list[str] = []
+    going_on = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        if going_on:
+            commands[-1] += "\n" + line.removeprefix("#").removeprefix("   ")
+        elif match := COMMAND.match(line):
+            commands.append(match.group(1))
+        else:
+            continue
+        going_on = commands[-1].endswith("\\")
+    return commands
+
+
+def header_script(path: Path) -> str:
+    """Bash that runs each command in the current shell (its variables carry over to the next),
+    its output in "$HEADER_LOG/N"; `header_step` and `header_done` are the caller's hooks."""
+    out = []
+    for n, command in enumerate(header_commands(path), 1):
+        out.append(f"header_step {n} {shlex.quote(command)}")
+        out.append(f'{{ {command}\n}} </dev/null >"$HEADER_LOG/{n}" 2>&1')
+        out.append(f"header_done {n}")
+    return "\n".join(out) + "\n"
+
+
+def copy_tree(src: Path, dest: Path) -> int:
+    """The checkout's tracked and untracked-but-not-ignored files (what a commit of the working
+    tree would hold), never its ignored state such as .kvfence/ or .env."""
+    git = ["git", "-C", str(src), "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    # A fixed argument list; git from PATH, as the person or CI running the check has it.
+    listed = subprocess.run(git, check=True, capture_output=True).stdout  # noqa: S603
+    count = 0
+    for name in filter(None, listed.decode().split("\0")):
+        source = src / name
+        if not source.is_file() or source.is_symlink():
+            continue  # deleted in the working tree, or a link out of it
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source.read_bytes())
+        target.chmod(source.stat().st_mode & 0o777)
+        count += 1
+    return count
+
+
+def _call(
+    url: str, key: str = "", body: dict[str, Any] | None = None
+) -> tuple[int, dict[str, str], dict[str, Any]]:
+    if not url.startswith("http://"):
+        raise CheckFailed(f"{url}: the stacks answer plain HTTP on this host")
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers=headers)  # noqa: S310 (http only)
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as resp:  # noqa: S310
+            status, got, raw = resp.status, dict(resp.headers.items()), resp.read()
+    except urllib.error.HTTPError as exc:
+        status, got, raw = exc.code, dict(exc.headers.items()), exc.read()
+    lowered = {k.lower(): v for k, v in got.items()}
+    try:
+        parsed = json.loads(raw) if raw.strip().startswith(b"{") else {"text": raw.decode()}
+    except json.JSONDecodeError:
+        parsed = {"text": raw.decode(errors="replace")}
+    return status, lowered, parsed
+
+
+def _expect(ok: bool, what: str) -> None:
+    if not ok:
+        raise CheckFailed(what)
+    print(f"    ok: {what}", flush=True)
+
+
+def _chat(url: str, key: str, content: str, user: str = "", max_tokens: int = 4) -> Any:
+    body: dict[str, Any] = {"model": "smollm2", "max_tokens": max_tokens,
+                            "messages": [{"role": "user", "content": content}]}  # fmt: skip
+    if user:
+        body["user"] = user
+    return _call(url + "/v1/chat/completions", key, body)
+
+
+def _answered(status: int, headers: dict[str, str], body: dict[str, Any], who: str) -> int:
+    if status != 200:
+        raise CheckFailed(f"{who}: expected 200, got {status}: {json.dumps(body)[:300]}")
+    verdict = headers.get("x-kvfence-verdict")
+    _expect(verdict == "clean", f"{who}: answered, x-kvfence-verdict: {verdict}")
+    details = body.get("usage", {}).get("prompt_tokens_details") or {}
+    return int(details.get("cached_tokens", 0))
+
+
+def check_isolation(url: str, keys: dict[str, str]) -> int:
+    """acme's repeated prompt hits its own cache; globex's copy of it hits nothing. Returns the
+    number of answers (audit records) it caused."""
+    # A fresh prompt, and a fresh end user of globex's: neither namespace has cached anything
+    # (the chat template's opening is the same in every prompt), so only a leak could hit.
+    nonce = uuid.uuid4().hex
+    content = f"Meeting {nonce}. {TEXT}"
+    first = _answered(*_chat(url, keys["acme"], content), "acme, first")
+    _expect(first == 0, f"acme's first request: {first} cached tokens (a new prompt)")
+    again = _answered(*_chat(url, keys["acme"], content), "acme, repeated")
+    _expect(again > 0, f"acme's repeat: {again} cached tokens (its own cache)")
+    user = f"user-{nonce}"
+    other = _answered(*_chat(url, keys["globex"], content, user=user), "globex, same prompt")
+    _expect(other == 0, f"globex's copy of acme's prompt: {other} cached tokens")
+    status, _, body = _chat(url, keys["globex"], content)
+    code = body.get("error", {}).get("code")
+    _expect(
+        (status, code) == (400, "missing_scope_value"), f"globex without `user`: {status} {code}"
+    )
+    status, _, body = _call(url + "/v1/models", keys["acme"])
+    models = [m.get("id") for m in body.get("data", [])]
+    _expect(status == 200 and models == ["smollm2"], f"acme's /v1/models: {status} {models}")
+    return 3
+
+
+def check_admin(admin: str, token: str, fleet: bool) -> None:
+    status, _, _ = _call(admin + "/status")
+    _expect(status == 401, f"{admin}/status without the admin token: {status}")
+    status, _, body = _call(admin + "/status", token)
+    _expect(status == 200 and body.get("ready") is True, f"{admin}/status with it: {status}, ready")
+    if fleet:
+        shared = body.get("shared") or {}
+        _expect(shared.get("up") is True, f"{admin}: shared state (Redis) up")
+        status, _, body = _call(admin + "/metrics", token)
+        answered = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in body.get("text", "").splitlines()
+            if line.startswith("kvfence_gateway_requests_total{")
+        )
+        _expect(answered > 0, f"{admin}: this gateway answered {answered:g} requests")
+
+
+def check_shared_limit(url: str, key: str) -> int:
+    """acme's `concurrent` limit holds across both gateways (kept in Redis): of a burst spread
+    over them by the balancer, at most the limit is admitted, where each gateway on its own
+    would admit all. Returns the number admitted (audit records)."""
+    content = f"Count slowly from one to fifty. {uuid.uuid4().hex}"
+    with concurrent.futures.ThreadPoolExecutor(BURST) as pool:
+        answers = list(pool.map(lambda _: _chat(url, key, content, max_tokens=24), range(BURST)))
+    statuses = sorted(status for status, _, _ in answers)
+    codes = {b.get("error", {}).get("code") for s, _, b in answers if s == 429}
+    admitted = statuses.count(200)
+    _expect(
+        admitted <= CONCURRENT and statuses.count(429) == BURST - admitted
+        and codes <= {"rate_limit_exceeded"},
+        f"a burst of {BURST}: {admitted} admitted, {BURST - admitted} refused 429 (limit "
+        f"{CONCURRENT} in flight, shared through Redis)",
+    )  # fmt: skip
+    return admitted
+
+
+def probe(args: argparse.Namespace) -> int:
+    state = Path(args.state)
+    keys = {t: (state / "keys" / t).read_text().strip() for t in ("acme", "globex")}
+    token = (state / "admin_token").read_text().strip()
+    answered = check_isolation(args.url, keys)
+    if args.fleet:
+        answered += check_shared_limit(args.url, keys["acme"])
+    for admin in args.admin:
+        check_admin(admin, token, args.fleet)
+    Path(args.answered).write_text(f"{answered}\n")
+    return 0
+
+
+def audit_records(args: argparse.Namespace) -> int:
+    """Each `audit verify` output names its records; together they hold at least what the
+    probe caused, and every output counts some."""
+    counts = []
+    for log in args.logs:
+        text = Path(log).read_text()
+        found = [int(n) for n in re.findall(r"^(?:\S+: )?ok: (\d+) records", text, re.M)]
+        if not found or "FAILED" in text:
+            raise CheckFailed(f"`audit verify` ({log}) counted no intact chain:\n{text}")
+        counts.append(sum(found))
+    least = int(Path(args.answered).read_text())
+    _expect(
+        all(counts) and sum(counts) >= least,
+        f"audit verify: {' + '.join(map(str, counts))} records (at least {least} from the checks)",
+    )
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="compose_check.py")
+    sub = parser.add_subparsers(dest="action", required=True)
+    header = sub.add_parser("header", help="print a compose file's header commands as bash")
+    header.add_argument("file", type=Path)
+    copy = sub.add_parser("copy", help="copy the checkout's files (not its ignored state)")
+    copy.add_argument("src", type=Path)
+    copy.add_argument("dest", type=Path)
+    check = sub.add_parser("probe", help="the checks through a running stack")
+    check.add_argument("--url", required=True)
+    check.add_argument("--admin", action="append", default=[])
+    check.add_argument("--state", required=True, help="the stack's .kvfence/compose")
+    check.add_argument("--fleet", action="store_true")
+    check.add_argument("--answered", required=True, help="write the answers caused here")
+    audit = sub.add_parser("audit", help="check `audit verify` outputs against the answers")
+    audit.add_argument("--answered", required=True)
+    audit.add_argument("logs", nargs="+")
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "header":
+            sys.stdout.write(header_script(args.file))
+            return 0
+        if args.action == "copy":
+            print(f"{copy_tree(args.src, args.dest)} files")
+            return 0
+        return probe(args) if args.action == "probe" else audit_records(args)
+    except (CheckFailed, OSError) as exc:
+        print(f"FAILED: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,328 @@
+"""The headers of docker-compose.yml and deploy/compose.fleet.yml, read as scripts/compose-check
+reads them: every command is valid bash, every `kvfence` command one its parser takes, every
+URL a port the file publishes, every folder a gateway writes made for the containers' user. The
+setup runs here as written (the `kvfence` service's commands as a local `kvfence`; what needs an
+engine is left to scripts/compose-check), and makes the keys, secrets and audit log the gateway
+reads."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.test_compose import (
+    COMPOSE,
+    COMPOSE_FILE,
+    POLICY_FILE,
+    ROOT,
+    SERVICES,
+    TOOLS,
+    _option,
+    _parse_kvfence_args,
+    _secret_mounts,
+    _secret_refs,
+    _volumes,
+)
+
+
+def _load_check() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "compose_check", ROOT / "scripts/compose_check.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CHECK = _load_check()
+FLEET_FILE = ROOT / "deploy" / "compose.fleet.yml"
+FLEET: dict[str, Any] = yaml.safe_load(FLEET_FILE.read_text())
+HEADERS = {
+    "single": CHECK.header_commands(COMPOSE_FILE),
+    "fleet": CHECK.header_commands(FLEET_FILE),
+}
+# Commands that need the engine or a running stack: scripts/compose-check runs those.
+ENGINE = ("docker compose build", "docker compose up", "docker compose down", "curl ")
+CONTAINER_UID = "10001"  # the image's user (Dockerfile)
+
+
+def _words(command: str) -> list[str]:
+    return shlex.split(command.replace("\\\n", " "))
+
+
+def _kvfence_runs(commands: list[str]) -> list[list[str]]:
+    """The ARGS of every `docker compose run --rm kvfence ARGS`."""
+    runs = [_words(c) for c in commands if c.startswith("docker compose run")]
+    assert all(w[:5] == ["docker", "compose", "run", "--rm", TOOLS] for w in runs), runs
+    return [w[5:] for w in runs]
+
+
+def test_the_extraction_keeps_each_command_as_written(tmp_path: Path) -> None:
+    header = tmp_path / "compose.yml"
+    header.write_text(
+        "# Prose, then commands:\n#\n#   echo one\n#   printf '%s\\n' a \\\n#     b\n"
+        "# `not a command`, prose.\n#    four spaces: prose too\n#   echo two\n"
+        "services: {}\n#   echo after the header\n"
+    )
+    assert CHECK.header_commands(header) == [
+        "echo one",
+        "printf '%s\\n' a \\\n  b",
+        "echo two",
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(HEADERS))
+def test_every_header_command_is_valid_bash(name: str) -> None:
+    commands = HEADERS[name]
+    assert len(commands) >= 5, f"the {name} header lost its commands"
+    script = "\n".join(commands)
+    done = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("name", sorted(HEADERS))
+def test_every_kvfence_command_in_the_headers_parses(name: str) -> None:
+    runs = _kvfence_runs(HEADERS[name])
+    assert any(args[:2] == ["audit", "verify"] for args in runs), "no audit verify"
+    for args in runs:
+        _parse_kvfence_args(args)
+
+
+def _default_port(mapping: str) -> str:
+    """The host port of a `[IP:]${VAR:-PORT}:CONTAINER` mapping, as published by default."""
+    match = re.search(r"\$\{\w+:-(\d+)\}:\d+$", mapping)
+    assert match, mapping
+    return match.group(1)
+
+
+@pytest.mark.parametrize(
+    ("name", "published"),
+    [
+        ("single", {p for p in SERVICES["gateway"]["ports"]}),
+        ("fleet", {p for s in FLEET["services"].values() for p in s.get("ports", [])}),
+    ],
+)
+def test_header_urls_are_ports_the_file_publishes(name: str, published: set[str]) -> None:
+    ports = {_default_port(p) for p in published}
+    urls = [u for c in HEADERS[name] for u in re.findall(r"http://127\.0\.0\.1:(\d+)/", c)]
+    assert urls and set(urls) <= ports
+
+
+def _chats(commands: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """(key variable, JSON body) of every chat request the header sends."""
+    found = []
+    for command in commands:
+        words = _words(command)
+        if words[0] == "curl" and any(w.endswith("/v1/chat/completions") for w in words):
+            key = re.search(r"Bearer \$(\w+)", command)
+            assert key, command
+            found.append((key.group(1), json.loads(_option(words, "-d"))))
+    return found
+
+
+def test_the_header_states_each_tenants_scope_and_its_chat_sends_it() -> None:
+    """globex is scoped `user`: its requests without `user` are refused, so the header says so
+    and its example sends one."""
+    header = "\n".join(line for line in COMPOSE_FILE.read_text().splitlines() if line[:1] == "#")
+    prose = " ".join(header.replace("#", " ").split())
+    for tenant in yaml.safe_load(POLICY_FILE.read_text())["tenants"]:
+        assert f"{tenant['id']} is scoped `{tenant['scope']}`" in prose
+    assert "400 `missing_scope_value`" in prose
+    chats = _chats(HEADERS["single"])
+    assert chats, "the header shows no chat"
+    for key, body in chats:
+        assert body["model"] in {"smollm2"}
+        if key == "GLOBEX_KEY":
+            assert body.get("user"), "globex's chat without `user` would be refused"
+
+
+def _local(command: str, root: Path) -> str:
+    """A header command as this machine runs it without Docker: `docker compose run --rm
+    kvfence ARGS` is `kvfence ARGS` in the folder the service mounts as its working directory;
+    anything else runs as written."""
+    if not command.startswith("docker compose run"):
+        return command
+    [args] = _kvfence_runs([command])
+    tools = SERVICES[TOOLS]
+    folder = root / _volumes(tools)[tools["working_dir"]]
+    kvfence = f"{shlex.quote(sys.executable)} -m kvfence.cli"
+    return f"(cd {shlex.quote(str(folder))} && {kvfence} {shlex.join(args)})"
+
+
+def _run(commands: list[str], root: Path, path: str = "") -> str:
+    """The commands in one bash, in order, as the header has them run; those needing an
+    engine are left out."""
+    script = [_local(c, root) for c in commands if not c.startswith(ENGINE)]
+    env = {
+        "PATH": f"{path}{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": str(root),
+        "PYTHONPATH": str(ROOT),
+    }
+    done = subprocess.run(
+        ["bash", "-c", "set -euo pipefail\n" + "\n".join(script)], cwd=root, env=env,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{script}\n{done.stderr}"
+    return done.stdout
+
+
+def _setup() -> list[str]:
+    """The single stack's setup: every command before it starts."""
+    commands = HEADERS["single"]
+    up = next(i for i, c in enumerate(commands) if c.startswith("docker compose up"))
+    return commands[:up]
+
+
+def _host_policy(root: Path) -> Path:
+    """policies/compose.yaml with every mounted path rebased onto `root`, as the gateway sees
+    it inside its container."""
+    text = POLICY_FILE.read_text()
+    gateway = SERVICES["gateway"]
+    for mount, name in _secret_mounts(gateway).items():
+        text = text.replace(mount + "}", f"{root / COMPOSE['secrets'][name]['file']}}}")
+    for target, source in _volumes(gateway).items():
+        if target.startswith("/var/lib/kvfence/") or target == "/etc/kvfence/tenants":
+            text = text.replace(target + "/", f"{root / source}/")
+    unmounted = [f for f in _secret_refs(yaml.safe_load(text), "file") if f.startswith("/run")]
+    assert unmounted == [], "the policy names a secret compose does not declare"
+    local = root / "policy.yaml"
+    local.write_text(text)
+    return local
+
+
+def test_documented_setup_runs_as_written_and_the_gateway_accepts_its_keys(
+    tmp_path: Path,
+) -> None:
+    _run(_setup(), tmp_path)
+    files = {n: tmp_path / s["file"] for n, s in COMPOSE["secrets"].items()}
+    assert (tmp_path / ".kvfence" / "compose").stat().st_mode & 0o077 == 0
+    for name, path in files.items():
+        assert path.is_file(), f"the documented setup does not create secret {name}"
+        if not name.endswith("_trust"):  # trust files hold public keys
+            assert path.stat().st_mode & 0o077 == 0, f"secret {name} is readable by others"
+    keyfile = importlib.import_module("kvfence.keyfile")
+    keyfile.load_private_key(files["gateway_signing_key"])
+    keyfile.load_private_key(files["backend_signing_key"])
+    gateway_trust = keyfile.TrustStore.from_file(files["gateway_trust"])
+    # The backend signs attestations under its key file's stem; the gateway must trust that id.
+    backend_args = [str(a) for a in SERVICES["backend"]["command"]]
+    attestation_key_id = Path(_option(backend_args, "--signing-key")).stem
+    assert attestation_key_id in keyfile.TrustStore.from_file(files["backend_trust"])
+
+    policy = importlib.import_module("gateway.policy.load").load_policy(_host_policy(tmp_path))
+    assert policy.gateway.handle_key is not None
+    assert policy.gateway.handle_key.id in gateway_trust, "the backend would refuse every handle"
+    assert {b.kind for b in policy.backends} == {"kvfence", "vllm"}
+    assert policy.gateway.audit_log is not None and policy.gateway.admin.token is not None
+    # The key files the header reads back into $ACME_KEY and $GLOBEX_KEY are the tenants' keys.
+    runtime = importlib.import_module("gateway.policy.runtime").Runtime(policy)
+    keys = {}
+    for variable, path in re.findall(
+        r"^(\w+)=\$\(cat (\S+)\)$", "\n".join(HEADERS["single"]), re.M
+    ):
+        key_file = tmp_path / path
+        assert key_file.stat().st_mode & 0o077 == 0, f"{path} is readable by others"
+        keys[variable] = key_file.read_text().strip()
+    assert {v: runtime.tenant_for_key(k).id for v, k in keys.items()} == {
+        "ACME_KEY": "acme",
+        "GLOBEX_KEY": "globex",
+    }
+
+
+@pytest.mark.parametrize(("uid", "runs_as"), [("0", CONTAINER_UID), ("1000", "1000")])
+def test_containers_run_as_the_user_who_set_up_never_as_root(
+    tmp_path: Path, uid: str, runs_as: str
+) -> None:
+    """As root, .env names the image's user (and the state folder is given to it); anyone else
+    gets their own uid, so they can read what the containers write."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "id").write_text(f"#!/bin/sh\necho {uid}\n")
+    (fake / "id").chmod(0o755)
+    (fake / "chown").write_text('#!/bin/sh\necho "chown $*"\n')  # the real one needs root
+    (fake / "chown").chmod(0o755)
+    setup = [c for c in _setup() if not c.startswith("docker compose run")]
+    out = _run(setup, tmp_path, path=f"{fake}:")
+    env_file = dict(line.split("=", 1) for line in (tmp_path / ".env").read_text().split())
+    assert env_file == {"KVFENCE_UID": runs_as, "KVFENCE_GID": runs_as}
+    assert f"chown -R {runs_as}:{runs_as} .kvfence/compose" in out
+
+
+async def test_documented_audit_verify_checks_both_workers_chains(tmp_path: Path) -> None:
+    _run(_setup(), tmp_path)
+    policy = importlib.import_module("gateway.policy.load").load_policy(_host_policy(tmp_path))
+    audit = policy.gateway.audit_log
+    log_module = importlib.import_module("gateway.audit.sink")
+    for worker in (1, 2):  # what `--workers 2` in the gateway's command writes
+        log = log_module.open_log(audit, worker)
+        await log.append({"request_id": f"r{worker}", "verdict": "clean"})
+        await log.close()
+    [verify] = [c for c in HEADERS["single"] if "audit verify" in c]
+    out = await asyncio.to_thread(_run, [verify], tmp_path)
+    assert "ok: 2 of 2 chains intact; verdicts: clean 2" in out
+
+
+def _fleet_gateways() -> dict[str, dict[str, Any]]:
+    return {n: s for n, s in FLEET["services"].items() if s.get("command", [""])[0] == "gateway"}
+
+
+def test_fleet_header_makes_every_folder_a_gateway_writes_for_the_containers_user() -> None:
+    """Docker makes a missing bind-mounted folder owned by root, where the gateway (uid from
+    .env) could not write its log."""
+    [install] = [c for c in HEADERS["fleet"] if "install -d" in c]
+    assert '-o "$KVFENCE_UID" -g "$KVFENCE_GID"' in install and ". ./.env" in install
+    made = set(re.findall(r"\.kvfence/compose/[\w-]+", install))
+    written = {
+        os.path.normpath(Path("deploy") / v.split(":")[0])
+        for s in _fleet_gateways().values()
+        for v in s["volumes"]
+        if not v.endswith(":ro")
+    }
+    assert written and made == written
+
+
+def test_fleet_header_reads_the_env_file_and_verifies_each_gateways_log() -> None:
+    fleet_runs = [c for c in HEADERS["fleet"] if "compose.fleet.yml" in c]
+    assert fleet_runs and all("--env-file .env" in c for c in fleet_runs)
+    verified = {
+        (args[2], _option(args, "--anchor"))
+        for args in _kvfence_runs(HEADERS["fleet"])
+        if args[:2] == ["audit", "verify"]
+    }
+    expected = set()
+    for service in _fleet_gateways().values():
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
+        folder = {t: Path(s).name for t, s in mounts.items()}
+        expected.add(
+            (f"{folder['/var/lib/kvfence/audit']}/audit.jsonl",
+             f"{folder['/var/lib/kvfence/anchor']}/audit.anchor")
+        )  # fmt: skip
+    assert verified == expected
+
+
+def test_the_fleet_check_bursts_past_the_limit_the_fleet_policy_sets() -> None:
+    """scripts/compose-check proves the limit is shared by sending more than one gateway's
+    worth of acme's `concurrent` and fewer than two: shared, some are refused; per gateway,
+    none would be. The burst stays within the rate limit, so only `concurrent` can refuse."""
+    policy = yaml.safe_load((ROOT / "policies" / "fleet.yaml").read_text())
+    [acme] = [t for t in policy["tenants"] if t["id"] == "acme"]
+    limits = acme["limits"]
+    assert limits["concurrent"] == CHECK.CONCURRENT
+    assert CHECK.CONCURRENT < CHECK.BURST <= 2 * CHECK.CONCURRENT
+    burst = limits.get("burst", limits["requests_per_s"])  # default: one second's requests
+    assert burst >= CHECK.BURST + 4  # with the checks' requests just before it
+    assert len(_fleet_gateways()) == 2
