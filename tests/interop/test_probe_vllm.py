@@ -26,7 +26,8 @@ pytestmark = pytest.mark.vllm
 # chat template) give the hit arm two whole blocks. 25 rounds per arm have the power to claim
 # isolation against the control's full effect (min_effect 1.0) when the control's AUC is at
 # least 0.97; the default claim (0.9 of that effect) needs about 40.
-QUICK = ProbeConfig(letters=260, partial_letters=140, budget=25, min_effect=1.0)
+# A busy host measures a smaller cache effect: up to 75 rounds keep the timing test's power.
+QUICK = ProbeConfig(letters=260, partial_letters=140, budget=25, max_budget=75, min_effect=1.0)
 A = Identity("A", body=(("cache_salt", "probe-salt-a"),))
 B = Identity("B", body=(("cache_salt", "probe-salt-b"),))
 KEYS = {"alpha": mint_key(), "beta": mint_key()}
@@ -72,7 +73,8 @@ async def test_two_tenants_behind_the_gateway_are_isolated(gateway_url: str) -> 
     # The counter decides here; the timing control is corroboration only, and on a loaded
     # two-core host 12 control pairs can miss its 1e-4 level by a hair.
     assert result.metadata.control_passed
-    assert result.metadata.cross_hits == 0 and result.rounds == QUICK.budget
+    assert result.metadata.cross_hits == 0
+    assert result.rounds == result.schedule.budget >= QUICK.budget
 
 
 async def test_a_proxy_dropping_cache_salt_is_shared_by_the_counter(vllm_url: str) -> None:

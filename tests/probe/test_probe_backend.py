@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 # needs (one slow hit in the control costs about 0.06). With usage reported the counter decides:
 # the timing control is corroboration, and a loaded host can push it past its 1e-4 level, so
 # it is asserted only where timing is the evidence (tests/interop/test_probe_vllm.py).
-QUICK = ProbeConfig(letters=48, partial_letters=16, budget=40, min_effect=1.0)
+# A busy host measures a smaller cache effect: up to 100 rounds keep the timing test's power.
+QUICK = ProbeConfig(letters=48, partial_letters=16, budget=40, max_budget=100, min_effect=1.0)
 
 
 def raw(name: str, namespace: str) -> Identity:
@@ -51,7 +52,8 @@ async def test_two_namespaces_are_isolated(smollm2: LoadedModel, keys: Keys) -> 
         result = await probe(Endpoint(url, smollm2.name), raw("A", "one"), raw("B", "two"), QUICK)
     assert result.decision.verdict is Verdict.ISOLATED, result.decision.reasons
     assert result.metadata.control_passed
-    assert result.rounds == QUICK.budget and result.metadata.cross_hits == 0
+    assert result.rounds == result.schedule.budget >= QUICK.budget
+    assert result.metadata.cross_hits == 0
 
 
 async def test_two_tenants_behind_the_gateway_are_isolated(
