@@ -1,6 +1,7 @@
-"""The demo scripts/up runs, in the private state directory .kvfence/: two tenants' API keys (minted
-once, also in demo.json) and the policy for the ports given (rewritten every run, so each port
-is named once, on scripts/up's command line). `--print` shows how to call the gateway."""
+"""The demo scripts/up runs, in the private state directory .kvfence/: two tenants' API keys
+(minted once; each in api-keys/TENANT, for `ACME_KEY=$(cat .kvfence/api-keys/acme)`, and all in
+demo.json) and the policy for the ports given (rewritten every run, so each port is named once,
+on scripts/up's command line). `--print` shows how to call the gateway."""
 
 from __future__ import annotations
 
@@ -72,6 +73,9 @@ def create(state: Path, port: int, admin_port: int, backend_port: int) -> None:
         for tenant, key in keys.items():
             (state / "tenants" / f"{tenant}.digests").write_text(key_digest(pepper, key) + "\n")
         demo = {"model": "smollm2", "keys": keys}
+    (state / "api-keys").mkdir(mode=0o700, exist_ok=True)
+    for tenant, key in demo["keys"].items():
+        _private(state / "api-keys" / tenant, key + "\n")
     demo["gateway_url"] = f"http://127.0.0.1:{port}/v1"
     demo["admin_url"] = f"http://127.0.0.1:{admin_port}"
     _private(path, json.dumps(demo, indent=2))
@@ -85,7 +89,7 @@ def show(state: Path) -> None:
 kvfence is up. Gateway: {url}   (admin: {demo["admin_url"]}/status, /metrics)
   tenant acme:   {demo["keys"]["acme"]}
   tenant globex: {demo["keys"]["globex"]}
-  (also in {state / "demo.json"})
+  (also in {state / "api-keys"}/: ACME_KEY=$(cat .kvfence/api-keys/acme))
 
 Try it:
   curl -sS -i {url}/chat/completions \\

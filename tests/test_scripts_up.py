@@ -1,6 +1,6 @@
 """`scripts/up` from a fresh clone in a user's environment (the machine's Python, none of this
 suite's settings): it installs its own `.venv`, both services become healthy, and the curl
-example it prints works as printed; a busy port is named before anything is installed."""
+example it prints, and the README's, work as written; a busy port is named before anything is installed."""
 
 from __future__ import annotations
 
@@ -70,6 +70,15 @@ def test_scripts_up_names_a_busy_port_before_starting_anything(tmp_path: Path) -
     assert not (clone / ".venv").exists()  # nothing installed for a run that cannot start
 
 
+def _readme_commands(clone: Path, port: int) -> str:
+    """The README's first console example (the commands before its output), for this port."""
+    text = (clone / "README.md").read_text()
+    block = text[text.index("```console\n$ ") + len("```console\n") :]
+    commands = block[: block.index("\nHTTP/1.1 ")]
+    assert "ACME_KEY=$(" in commands, commands
+    return re.sub(r"^\$ ", "", commands, flags=re.M).replace(":8080/", f":{port}/")
+
+
 @pytest.mark.slow
 @pytest.mark.fresh
 def test_scripts_up_from_a_fresh_clone(tmp_path: Path) -> None:
@@ -94,12 +103,16 @@ def test_scripts_up_from_a_fresh_clone(tmp_path: Path) -> None:
         admin = f"http://127.0.0.1:{ports['--admin-port']}/status"
         with urllib.request.urlopen(admin, timeout=10) as resp:
             assert json.loads(resp.read())["ready"] is True
-        answer = subprocess.run(
-            ["bash", "-c", curl], capture_output=True, text=True, timeout=120, check=True
-        ).stdout
-        assert answer.startswith("HTTP/1.1 200"), answer
-        assert re.search(r"^x-kvfence-verdict: clean\r?$", answer, re.M | re.I), answer
-        assert "Paris" in answer
+        assert oct((state / "api-keys" / "acme").stat().st_mode & 0o777) == "0o600"
+        readme = _readme_commands(clone, ports["--port"])
+        for command in (curl, readme):  # what it printed, and what the README shows
+            answer = subprocess.run(
+                ["bash", "-c", command], cwd=clone, capture_output=True, text=True, timeout=120,
+                check=True,
+            ).stdout  # fmt: skip
+            assert answer.startswith("HTTP/1.1 200"), answer
+            assert re.search(r"^x-kvfence-verdict: clean\r?$", answer, re.M | re.I), answer
+            assert "Paris" in answer
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:
