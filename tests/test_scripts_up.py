@@ -1,6 +1,7 @@
 """`scripts/up` from a fresh clone in a user's environment (the machine's Python, none of this
 suite's settings): it installs its own `.venv`, both services become healthy, and the curl
-example it prints, and the README's, work as written; a busy port is named before anything is installed."""
+example it prints, and the README's, work as written; a busy port is named before anything is
+installed."""
 
 from __future__ import annotations
 
