@@ -32,11 +32,11 @@ import aiohttp
 
 from bench.machine import describe
 from gateway.fleet.health import SharedHealthBoard
+from gateway.fleet.local_health import REFRESH_S, Health
 from gateway.fleet.metrics import FleetMetrics
 from gateway.fleet.store import SharedStore
 from gateway.metrics import Metrics
 from gateway.policy.load import load_policy
-from gateway.verify.health import REFRESH_S, Health
 from tests.e2e.stack import Keys, make_keys
 from tests.fleet.processes import (
     Backend,

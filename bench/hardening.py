@@ -198,7 +198,7 @@ def _cli(argv: list[str]) -> int:
 
 
 def _has_anchor() -> bool:
-    from gateway.audit.log import AuditLog
+    from gateway.audit.chain.log import AuditLog
 
     return "anchor" in inspect.signature(AuditLog).parameters
 
@@ -233,7 +233,7 @@ async def tamper() -> dict[str, Any]:
 
 
 async def crash() -> dict[str, Any]:
-    from gateway.audit.log import AuditLog
+    from gateway.audit.chain.log import AuditLog
     from tests.hardening.tamper import SECRET, record
 
     out: dict[str, Any] = {}
@@ -266,11 +266,11 @@ async def crash() -> dict[str, Any]:
 def _verify_chains(tmp: Path) -> Any:
     """Each worker's chain verified (with its anchor) and its crash recoveries counted, where
     this checkout has `verify_chain`; else the verdict of `verify --rotated`."""
-    from gateway.audit.chain import mac_key
+    from gateway.audit.chain.format import mac_key
     from tests.hardening.tamper import SECRET
 
     try:
-        from gateway.audit.verify import verify_chain
+        from gateway.audit.chain.verify import verify_chain
     except ImportError:
         key = tmp / "audit.key"
         return [_cli(["verify", str(p), "--rotated", "--key-file", str(key)]) == 0

@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from gateway.fleet.shared import SHARED
-from gateway.liveness import LIVENESS
+from gateway.policy.prefixes import backend_status as public_status
 from gateway.policy.reload import RELOADER
-from gateway.public import backend_status as public_status
+from gateway.routing.liveness import LIVENESS
+from gateway.shared import SHARED
 from gateway.state import HOLDER, METRICS, REPLICAS, VERIFY
 from gateway.verify.watch import Watch
 

@@ -22,7 +22,6 @@ from aiohttp import web
 
 from gateway.adapters.base import PROXIED_PATHS
 from gateway.audit.sink import AUDIT_SINK, AuditSink, audit_sink_ctx
-from gateway.edge import Edge
 from gateway.errors import GatewayError, NotFound, Overloaded, error_body
 from gateway.filters.adapter import inject
 from gateway.filters.allowlist import allow_fields
@@ -34,19 +33,20 @@ from gateway.filters.public import split_public
 from gateway.filters.replica import pick_replica
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
-from gateway.fleet.failover import failover
 from gateway.fleet.limiter import Limiter
+from gateway.fleet.local_limits import SharedLimits
 from gateway.fleet.metrics import FLEET_METRICS, FleetMetrics
-from gateway.fleet.replicas import Replicas
-from gateway.fleet.shared import open_shared
-from gateway.limits import SharedLimits
-from gateway.liveness import LIVENESS, Liveness, LivenessCollector, readyz
+from gateway.listener.edge import Edge
 from gateway.metrics import HealthCollector, Metrics
 from gateway.models_api import add_routes
 from gateway.observe import failed, finish
 from gateway.policy.model import Policy
 from gateway.policy.reload import RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
+from gateway.routing.failover import failover
+from gateway.routing.liveness import LIVENESS, Liveness, LivenessCollector, readyz
+from gateway.routing.replicas import Replicas
+from gateway.shared import open_shared
 from gateway.state import (
     ADMISSION,
     ADMITTED,

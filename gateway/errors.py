@@ -12,8 +12,8 @@ GatewayError
 ├── Overloaded, BackendQuarantined, SharedStateUnavailable (503)
 └── UpstreamTimeout (504)
 
-The edge's errors (`gateway.edge`) are answered with `Connection: close`, and the connection is
-closed after them.
+The edge's errors (`gateway.listener.edge`) are answered with `Connection: close`, and the
+connection is closed after them.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
-from gateway.verify.health import HealthBoard
+from gateway.fleet.local_health import HealthBoard
 
 M = TypeVar("M", Counter, Histogram, Gauge)
 

@@ -2,8 +2,8 @@
 
 Invariant: an idle or trickling client is cut after `header_timeout_s` (aiohttp's keep-alive
 deadline also covers a connection whose request headers are incomplete), connections beyond the
-caps make room or are answered 503 (`gateway.connections`), a client disconnect cancels its
-handler, and every request passes `gateway.edge` before the app routes it.
+caps make room or are answered 503 (`gateway.listener.connections`), a client disconnect cancels its
+handler, and every request passes `gateway.listener.edge` before the app routes it.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from aiohttp import web
 
 from gateway.admin import create_admin_app
 from gateway.app import WATCH
-from gateway.connections import Pressure
-from gateway.edge import ServerLog, guard
+from gateway.listener.connections import Pressure
+from gateway.listener.edge import ServerLog, guard
 from gateway.state import EDGE, HOLDER, METRICS
 
 

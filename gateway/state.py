@@ -11,14 +11,14 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gateway.edge import Edge
 from gateway.fleet.limiter import Admission, Limiter
-from gateway.fleet.replicas import Replicas
-from gateway.limits import SharedLimits
+from gateway.fleet.local_limits import SharedLimits
+from gateway.listener.edge import Edge
 from gateway.metrics import Metrics
 from gateway.policy.reload import PolicyHolder
 from gateway.policy.runtime import Route, Runtime
 from gateway.policy.tenant_model import Tenant
+from gateway.routing.replicas import Replicas
 from gateway.verify.service import Verification
 from kvfence.public import PublicPart
 

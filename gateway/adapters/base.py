@@ -30,7 +30,7 @@ class Adapter(ABC):
     # Whether the backend can cache a prompt's leading part in a public namespace and the rest in
     # the tenant's (kvfence's handles can; a single cache salt per request cannot).
     splits_public: ClassVar[bool] = False
-    # What `gateway.liveness` checks: any answer below 500 means the server is up.
+    # What `gateway.routing.liveness` checks: any answer below 500 means the server is up.
     health_path: ClassVar[str] = "/health"
 
     def __init__(self, backend: Backend) -> None:

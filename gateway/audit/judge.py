@@ -17,9 +17,9 @@ from typing import Any, Final
 
 import orjson
 
+from gateway.audit.usage import cached_tokens, prompt_tokens, total_tokens
+from gateway.fleet.local_health import Health
 from gateway.policy.backend_model import AuditMode, Backend
-from gateway.sse import cached_tokens, prompt_tokens, total_tokens
-from gateway.verify.health import Health
 from kvfence.attestation import (
     Attestation,
     AttestationError,

@@ -14,8 +14,8 @@ from typing import Final
 
 from aiohttp import web
 
+from gateway.audit.chain.log import AuditWriteError
 from gateway.audit.judge import Answer, AuditContext, Judgement, record
-from gateway.audit.log import AuditWriteError
 from gateway.audit.sink import AUDIT_SINK
 from gateway.errors import AttestationRefused, AuditWriteFailed, error_body
 from gateway.metrics import Metrics

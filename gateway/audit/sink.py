@@ -15,8 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.audit.chain import worker_path
-from gateway.audit.log import AuditLog, AuditWriteError
+from gateway.audit.chain.format import worker_path
+from gateway.audit.chain.log import AuditLog, AuditWriteError
 from gateway.policy.model import AuditLogSettings
 
 log = logging.getLogger("kvfence.gateway.audit")

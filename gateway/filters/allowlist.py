@@ -17,7 +17,7 @@ from aiohttp import web
 
 from gateway.adapters.base import CHAT, RESPONSES
 from gateway.errors import UnknownField
-from gateway.filters import fields
+from gateway.inputs import fields
 from gateway.policy.model import UnknownFieldMode
 from gateway.state import BODY, METRICS, ROUTE, RUNTIME
 

@@ -1,5 +1,5 @@
 """Per-tenant limits: requests per second, requests in flight and tokens per minute, shared by
-every worker (gateway.limits). Runs right after authentication, before the body is read.
+every worker (gateway.fleet.local_limits). Runs right after authentication, before the body is read.
 
 With `gateway.shared`, the limits hold across gateway replicas (gateway.fleet.limiter).
 

@@ -16,7 +16,7 @@ from aiohttp import web
 from gateway.adapters.base import CHAT
 from gateway.errors import PublicMarkRefused
 from gateway.policy.model import Scope
-from gateway.public import MARK_HEADER, marked, match_chat, match_prompt, plain_messages
+from gateway.policy.prefixes import MARK_HEADER, marked, match_chat, match_prompt, plain_messages
 from gateway.state import BODY, NAMESPACE, PUBLIC, ROUTE, RUNTIME, TENANT
 from kvfence.public import PublicPart
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway import jsonbody
 from gateway.errors import BackendQuarantined
 from gateway.filters.allowlist import allow_fields
-from gateway.liveness import LIVENESS
+from gateway.inputs import jsonbody
 from gateway.policy.runtime import Route
+from gateway.routing.liveness import LIVENESS
 from gateway.state import (
     BODY,
     CANDIDATES,

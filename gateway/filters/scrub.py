@@ -10,7 +10,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.errors import ClientInputRejected
-from gateway.filters.sanitize import scoping_headers, strip_body
+from gateway.inputs.scoping import scoping_headers, strip_body
 from gateway.policy.model import ClientInputMode, Scope
 from gateway.state import BODY, METRICS, PROMPT_CACHE_KEY, RUNTIME, TENANT
 

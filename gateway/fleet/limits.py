@@ -1,5 +1,5 @@
 """Per-tenant limits held in Redis, so every gateway replica (and every worker of each) gives a
-tenant one allowance: the same token buckets and in-flight count as `gateway.limits`, each
+tenant one allowance: the same token buckets and in-flight count as `local_limits`, each
 admission one atomic script run on Redis's clock.
 
 Invariant: an admission is one script (read, refill, decide, take) on the server, so replicas
@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from typing import Final
 
+from gateway.fleet.local_limits import Refusal
 from gateway.fleet.store import SharedStore
-from gateway.limits import Refusal
 from gateway.policy.tenant_model import TenantLimits
 
 # KEYS: bucket hash, in-flight sorted set. ARGV: rps, burst, concurrent, tpm, token, lease_s.

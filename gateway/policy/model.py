@@ -140,7 +140,7 @@ class RoutingStrategy(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RoutingSettings:
-    """How a model served by several backends picks one (gateway.routing, gateway.failover)."""
+    """How a model served by several backends picks one (gateway.routing)."""
 
     strategy: RoutingStrategy = RoutingStrategy.AFFINITY
     retries: int = 1  # further backends tried when one fails before the first byte

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.filters.sanitize import is_scoping_header
+from gateway.inputs.scoping import is_scoping_header
 from gateway.policy.model import Scope
 from gateway.policy.node import Node, unique_items
 from gateway.policy.public import read_tenant_public

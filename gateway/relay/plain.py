@@ -14,8 +14,10 @@ import time
 import aiohttp
 from aiohttp import web
 
+from gateway.audit.exchange import Exchange
 from gateway.audit.judge import UNATTESTED, is_plain_error, judge
 from gateway.audit.settle import VERDICT_HEADER, settle
+from gateway.audit.usage import parse_usage
 from gateway.errors import (
     AnswerTooLarge,
     GatewayError,
@@ -23,10 +25,9 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from gateway.exchange import Exchange
-from gateway.failures import describe
-from gateway.reading import read_chunk
-from gateway.sse import parse_usage
+from gateway.relay.failures import describe
+from gateway.relay.reading import read_chunk
+from gateway.relay.stream import SSE, relay_stream
 from gateway.state import (
     REQUEST_ID,
     ROUTE,
@@ -36,7 +37,6 @@ from gateway.state import (
     UPSTREAM_BODY,
     UPSTREAM_HEADERS,
 )
-from gateway.stream_relay import SSE, relay_stream
 from kvfence.attestation import ATTESTATION_HEADER
 
 log = logging.getLogger("kvfence.gateway.proxy")

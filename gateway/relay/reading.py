@@ -11,8 +11,8 @@ from typing import Final
 
 import aiohttp
 
+from gateway.audit.usage import first_event
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
-from gateway.sse import first_event
 
 MAX_FIRST_EVENT: Final = 64 * 1024  # the attestation event is a few hundred bytes
 

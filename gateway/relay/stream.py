@@ -17,8 +17,10 @@ import aiohttp
 from aiohttp import web
 
 from gateway.adapters.base import RESPONSES
+from gateway.audit.exchange import Exchange
 from gateway.audit.judge import Judgement, judge
 from gateway.audit.settle import VERDICT_HEADER, settle
+from gateway.audit.usage import UsageScanner, split_attestation_event
 from gateway.errors import (
     AttestationRefused,
     AuditWriteFailed,
@@ -27,10 +29,8 @@ from gateway.errors import (
     UpstreamUnavailable,
     error_body,
 )
-from gateway.exchange import Exchange
-from gateway.failures import describe
-from gateway.reading import first_event_of, read_chunk
-from gateway.sse import UsageScanner, split_attestation_event
+from gateway.relay.failures import describe
+from gateway.relay.reading import first_event_of, read_chunk
 from gateway.state import DROP_USAGE, REQUEST_ID, RUNTIME, TIMING
 from gateway.verify.scan import AnswerScan
 

@@ -23,7 +23,7 @@ from gateway.filters.adapter import inject
 from gateway.filters.public import split_public
 from gateway.filters.replica import retarget
 from gateway.fleet.metrics import FLEET_METRICS
-from gateway.proxy import forward
+from gateway.relay.plain import forward
 from gateway.state import CANDIDATES, REPLICAS, REQUEST_ID, ROUTE, RUNTIME, TIMING, VERIFY
 
 log = logging.getLogger("kvfence.gateway.routing")

@@ -24,10 +24,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.adapters.registry import ADAPTERS
-from gateway.failures import describe
 from gateway.policy.backend_model import Backend
 from gateway.policy.model import Policy
 from gateway.policy.reload import PolicyHolder
+from gateway.relay.failures import describe
 from gateway.state import HOLDER, RUNTIME, SESSION
 
 INTERVAL_S: Final = 2.0

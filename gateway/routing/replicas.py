@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.policy.model import RoutingSettings, RoutingStrategy
 from gateway.policy.runtime import Route
-from gateway.routing import rank
+from gateway.routing.rendezvous import rank
 
 log = logging.getLogger("kvfence.gateway.routing")
 

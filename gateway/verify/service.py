@@ -15,9 +15,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from gateway.fleet.local_health import HealthBoard
 from gateway.policy.model import Policy
 from gateway.verify.detective import Detective
-from gateway.verify.health import HealthBoard
 from gateway.verify.markers import MarkerKey
 from gateway.verify.store import FingerprintStore
 

@@ -17,13 +17,13 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from gateway.audit.log import AuditWriteError
+from gateway.audit.chain.log import AuditWriteError
 from gateway.audit.sink import AUDIT_SINK
+from gateway.fleet.local_health import Health
 from gateway.policy.backend_model import Backend
 from gateway.state import HOLDER, METRICS, SESSION, VERIFY
 from gateway.verify import quarantine
 from gateway.verify.canary import Outcome, Result, run_round
-from gateway.verify.health import Health
 from kvfence.namespace import NamespaceKey
 from kvfence.probe.errors import ProbeError
 

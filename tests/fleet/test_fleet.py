@@ -18,11 +18,11 @@ import aiohttp
 import pytest
 
 from gateway.fleet.health import SharedHealthBoard
+from gateway.fleet.local_health import Health
 from gateway.fleet.metrics import FleetMetrics
 from gateway.fleet.store import SharedStore
 from gateway.metrics import Metrics
 from gateway.policy.load import load_policy
-from gateway.verify.health import Health
 from tests.e2e.stack import Keys, make_keys
 from tests.fleet.processes import (
     Backend,

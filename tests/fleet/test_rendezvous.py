@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.routing import rank, score
+from gateway.routing.rendezvous import rank, score
 
 NAMESPACES = [f"ns-{i:05d}" for i in range(4000)]
 

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-from gateway.liveness import LIVENESS
 from gateway.policy.load import parse_policy
+from gateway.routing.liveness import LIVENESS
 from gateway.server import bound_port, start_admin
 from kvfence.logs import JsonFormatter
 from tests.fakes.openai_upstream import FakeUpstream

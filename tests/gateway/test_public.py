@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from gateway.policy.load import parse_policy
+from gateway.policy.prefixes import backend_status, marked, match_chat, match_prompt, plain_messages
 from gateway.policy.runtime import Runtime
 from gateway.policy.tenant_model import PublicPrefix
-from gateway.public import backend_status, marked, match_chat, match_prompt, plain_messages
 from gateway.server import bound_port, start_admin
 from kvfence.public import chat_digest, text_digest
 from tests.fakes.openai_upstream import FakeUpstream

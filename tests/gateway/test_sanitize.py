@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.filters.sanitize import is_scoping_header, scoping_headers, strip_body
+from gateway.inputs.scoping import is_scoping_header, scoping_headers, strip_body
 
 HEADERS = ["x-tenant-id", "x-cache-salt", "cache-salt", "x-kvfence-handle", "x-kvfence-namespace"]
 FIELDS = ["cache_salt", "extra_key", "prompt_cache_key"]

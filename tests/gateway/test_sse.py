@@ -5,7 +5,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.sse import UsageScanner
+from gateway.audit.usage import UsageScanner
 from tests.fakes.openai_upstream import CACHED_TOKENS, sse_events
 
 EVENTS = sse_events(include_usage=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from gateway.audit.log import AuditLog
+from gateway.audit.chain.log import AuditLog
 
 SECRET = b"correct horse battery staple 01"
 

@@ -17,10 +17,10 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.audit.chain import mac_key
-from gateway.audit.chainfile import ChainFile
-from gateway.audit.log import AuditLocked, AuditLog, AuditWriteError
-from gateway.audit.verify import verify_chain
+from gateway.audit.chain.chainfile import ChainFile
+from gateway.audit.chain.format import mac_key
+from gateway.audit.chain.log import AuditLocked, AuditLog, AuditWriteError
+from gateway.audit.chain.verify import verify_chain
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway.conftest import ENV
 from tests.hardening.procs import chat, command, free_port, gateway_policy, gone, launch

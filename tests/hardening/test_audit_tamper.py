@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.audit.chain import mac_key
+from gateway.audit.chain.format import mac_key
+from gateway.audit.chain.verify import AuditVerifyError, WrongKey, verify_chain
 from gateway.audit.cli import configure, main
-from gateway.audit.verify import AuditVerifyError, WrongKey, verify_chain
 from tests.hardening.tamper import ACTIVE, KINDS, ROTATED, SECRET, build
 
 KEY = mac_key(SECRET)

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.edge import RateLimitedLog
+from gateway.listener.edge import RateLimitedLog
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway.conftest import KEYS, Gateway, make_policy, run_gateway
 from tests.hardening.probes import AUTH, CHUNKED, REFUSED, SMUGGLED, head, post

@@ -14,10 +14,10 @@ import aiohttp
 from aiohttp import web
 
 from gateway.app import create_app
+from gateway.fleet.local_health import Health
 from gateway.policy.load import parse_policy
 from gateway.server import bound_port, start, start_admin
 from gateway.state import HOLDER, VERIFY
-from gateway.verify.health import Health
 from gateway.verify.watch import Watch
 from kvfence.apikey import key_digest, mint_key
 from tests.interop.vllm_server import MODEL_DIR, SERVED_MODEL

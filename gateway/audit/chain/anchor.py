@@ -14,7 +14,7 @@ from pathlib import Path
 
 import orjson
 
-from gateway.audit.chain import anchor_mac, sealed
+from gateway.audit.chain.format import anchor_mac, sealed
 
 
 class AnchorError(Exception):

@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
-from gateway.audit.anchor import Anchor, AnchorError, read_anchor, write_anchor
-from gateway.audit.chain import (
+from gateway.audit.chain.anchor import Anchor, AnchorError, read_anchor, write_anchor
+from gateway.audit.chain.format import (
     GENESIS,
     chain_tag,
     head_mac,
@@ -29,7 +29,7 @@ from gateway.audit.chain import (
     rotated_paths,
     sealed,
 )
-from gateway.audit.lock import AuditWriteError, take_lock
+from gateway.audit.chain.lock import AuditWriteError, take_lock
 
 log = logging.getLogger("kvfence.gateway.audit")
 

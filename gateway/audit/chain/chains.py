@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from gateway.audit.chain import worker_path
+from gateway.audit.chain.format import worker_path
 from kvfence.secrets import from_env, from_file
 
 

@@ -7,7 +7,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from gateway.audit.chain import lock_path
+from gateway.audit.chain.format import lock_path
 
 
 class AuditWriteError(Exception):

@@ -17,7 +17,8 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from gateway.audit.chain import (
+from gateway.audit.chain.chainfile import ChainFile
+from gateway.audit.chain.format import (
     GENESIS,
     RESERVED,
     canonical,
@@ -27,8 +28,7 @@ from gateway.audit.chain import (
     mac_key,
     rotated_paths,
 )
-from gateway.audit.chainfile import ChainFile
-from gateway.audit.lock import AuditLocked, AuditWriteError
+from gateway.audit.chain.lock import AuditLocked, AuditWriteError
 
 _STOP: Final = object()
 __all__ = [

@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from gateway.audit.anchor import Anchor, AnchorError, read_anchor
-from gateway.audit.chain import (
+from gateway.audit.chain.anchor import Anchor, AnchorError, read_anchor
+from gateway.audit.chain.format import (
     GENESIS,
     KINDS,
     chain_tag,

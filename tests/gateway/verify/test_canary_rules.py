@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.fleet.local_health import Health
 from gateway.policy.backend_model import CanarySettings, OnShared
 from gateway.verify import quarantine
 from gateway.verify.canary import Outcome, Result, Sample, decide
-from gateway.verify.health import Health
 from kvfence.probe.client import Observation
 
 
