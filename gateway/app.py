@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import re
 import time
@@ -22,7 +21,7 @@ from aiohttp import web
 
 from gateway.adapters.base import PROXIED_PATHS
 from gateway.audit.sink import AUDIT_SINK, AuditSink, audit_sink_ctx
-from gateway.errors import GatewayError, NotFound, Overloaded, error_body
+from gateway.errors import GatewayError, NotFound, Overloaded, error_response
 from gateway.filters.adapter import inject
 from gateway.filters.allowlist import allow_fields
 from gateway.filters.authn import authenticate
@@ -115,18 +114,6 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
 
 
-def _error(error: GatewayError, rid: str) -> web.Response:
-    headers = {"x-request-id": rid}
-    if error.retry_after_s is not None:
-        headers["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))
-    return web.Response(
-        body=error_body(error),
-        status=error.status,
-        content_type="application/json",
-        headers=headers,
-    )
-
-
 @web.middleware
 async def frame(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -150,10 +137,10 @@ async def frame(
     except GatewayError as exc:
         status = exc.status
         failed(request, exc)
-        return _error(exc, rid)
+        return error_response(exc, rid)
     except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
         status = 404
-        return _error(NotFound(f"no route for {request.method} {request.path}"), rid)
+        return error_response(NotFound(f"no route for {request.method} {request.path}"), rid)
     finally:
         if request.get(ADMITTED):
             tokens = request.get(USED_TOKENS, 0)

@@ -17,7 +17,7 @@ from aiohttp import web
 from gateway.audit.chain.log import AuditWriteError
 from gateway.audit.judge import Answer, AuditContext, Judgement, record
 from gateway.audit.sink import AUDIT_SINK
-from gateway.errors import AttestationRefused, AuditWriteFailed, error_body
+from gateway.errors import AttestationRefused, AuditWriteFailed, error_response
 from gateway.metrics import Metrics
 from gateway.state import (
     METRICS,
@@ -106,9 +106,6 @@ async def settle(
         await Watch(request.app).violation(ctx.backend, kind)
     if refusal is None:
         return None
-    return web.Response(
-        body=error_body(refusal),
-        status=refusal.status,
-        content_type="application/json",
-        headers={"x-request-id": ctx.request_id, VERDICT_HEADER: judgement.verdict.value},
+    return error_response(
+        refusal, ctx.request_id, headers={VERDICT_HEADER: judgement.verdict.value}
     )

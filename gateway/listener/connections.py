@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from gateway.errors import Overloaded, error_body
+from gateway.errors import Overloaded, error_response
 from gateway.metrics import Metrics
 
 GRACE_S = 0.05  # a new connection's time to send its request before it may be closed for room
@@ -116,11 +116,4 @@ class Pressure:
 
 def _overloaded() -> web.Response:
     error = Overloaded("the gateway holds as many connections as it may; retry shortly", 1.0)
-    response = web.Response(
-        status=error.status,
-        body=error_body(error),
-        content_type="application/json",
-        headers={"retry-after": "1"},
-    )
-    response.force_close()  # sends Connection: close and closes once the answer is out
-    return response
+    return error_response(error, close=True)  # closes once the answer is out

@@ -20,7 +20,12 @@ from aiohttp import web
 from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
 from aiohttp.http_exceptions import HttpProcessingError
 
-from gateway.errors import MalformedRequest, MethodNotAllowed, VersionNotSupported, error_body
+from gateway.errors import (
+    MalformedRequest,
+    MethodNotAllowed,
+    VersionNotSupported,
+    error_response,
+)
 from gateway.metrics import Metrics
 
 EdgeError = MalformedRequest | MethodNotAllowed | VersionNotSupported
@@ -36,7 +41,9 @@ log = logging.getLogger("kvfence.gateway.edge")
 def examine(message: RawRequestMessage) -> EdgeError | None:
     """Why this parsed request line and header block cannot be served, or None."""
     if message.method not in METHODS:
-        return MethodNotAllowed(f"method {message.method[:16]} is not served; use GET or POST")
+        return MethodNotAllowed(
+            f"method {message.method[:16]} is not served; use GET or POST", METHODS
+        )
     if message.version not in VERSIONS:
         return VersionNotSupported("only HTTP/1.0 and HTTP/1.1 are served")
     if not message.path.startswith("/") or message.path.startswith("//"):
@@ -118,17 +125,9 @@ class ServerLog(logging.Logger):
 
 
 def refusal_response(error: EdgeError) -> web.Response:
-    """The answer to a refused request; the connection closes after it."""
-    response = web.Response(
-        body=error_body(error),
-        status=error.status,
-        content_type="application/json",
-        headers={"x-request-id": os.urandom(16).hex(), "connection": "close"},
-    )
-    if isinstance(error, MethodNotAllowed):
-        response.headers["allow"] = ", ".join(sorted(METHODS))
-    response.force_close()  # so the bytes pipelined after it are never parsed as a request
-    return response
+    """The answer to a refused request; the connection closes after it, so the bytes pipelined
+    after it are never parsed as a request."""
+    return error_response(error, os.urandom(16).hex(), close=True)
 
 
 def guard(server: web.Server, edge: Edge) -> None:

@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 import aiohttp
-import orjson
 from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.adapters.registry import ADAPTERS
+from gateway.errors import NotReady
 from gateway.policy.backend_model import Backend
 from gateway.policy.model import Policy
 from gateway.policy.reload import PolicyHolder
@@ -114,11 +114,9 @@ async def readyz(request: web.Request) -> web.Response:
     """200 while every required backend is up; else 503, without naming them (the tenant port
     is public: the admin `/status` says which are down and why)."""
     down = await request.app[LIVENESS].ready(request[RUNTIME].policy)
-    if not down:
-        return web.Response(text="ready\n")
-    message = f"not ready: {len(down)} required backend(s) down (see the admin /status)"
-    body = {"error": {"message": message, "type": "server_error", "code": "not_ready"}}
-    return web.Response(body=orjson.dumps(body), status=503, content_type="application/json")
+    if down:
+        raise NotReady(f"not ready: {len(down)} required backend(s) down (see the admin /status)")
+    return web.Response(text="ready\n")
 
 
 class LivenessCollector(Collector):
