@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Final
 
-import aiohttp
 from aiohttp import web
 
 from gateway.adapters.base import PROXIED_PATHS
@@ -42,6 +41,7 @@ from gateway.observe import failed, finish
 from gateway.policy.model import Policy
 from gateway.policy.reload import RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
+from gateway.relay.session import session_ctx
 from gateway.routing.failover import failover
 from gateway.routing.liveness import LIVENESS, Liveness, LivenessCollector, readyz
 from gateway.routing.replicas import Replicas
@@ -59,7 +59,6 @@ from gateway.state import (
     REQUEST_ID,
     ROUTE,
     RUNTIME,
-    SESSION,
     TENANT,
     TIMING,
     USED_TOKENS,
@@ -148,20 +147,6 @@ async def frame(
         finish(request, status, timing)
 
 
-async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    # DummyCookieJar: a cookie one tenant's answer set must never ride along with another
-    # tenant's request (and no jar is consulted per request).
-    async with aiohttp.ClientSession(
-        connector=connector,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent", "Accept-Encoding"),
-    ) as session:
-        app[SESSION] = session
-        yield
-
-
 def _verify_ctx(temporary: bool) -> Callable[[web.Application], AsyncIterator[None]]:
     """The shared health board's refresher and the canary watch run while the app serves."""
 
@@ -222,7 +207,7 @@ def create_app(
     app[LIMITER] = Limiter(app[LIMITS], shared_limits)
     app[REPLICAS] = Replicas()
     app[WATCH] = Watch(app)
-    app.cleanup_ctx.append(_session_ctx)
+    app.cleanup_ctx.append(session_ctx)
     app.cleanup_ctx.append(audit_sink_ctx)
     app.cleanup_ctx.append(_verify_ctx(temporary))
     if reload_from is not None:

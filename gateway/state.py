@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from gateway.fleet.limiter import Admission, Limiter
@@ -32,8 +31,9 @@ class InFlight:
 
 @dataclass(slots=True)
 class Timing:
-    """Monotonic timestamps (seconds) for the latency metrics; written by app and proxy, and
-    `first_event` (a stream's first event from upstream) by the stream relay."""
+    """Monotonic timestamps (seconds) for the latency metrics: `start` by the app, the upstream
+    and client ones by the relay, `first_event` (a stream's first event from upstream) by the
+    exchange."""
 
     start: float
     upstream_sent: float = 0.0
@@ -77,7 +77,6 @@ VERIFY = web.AppKey("kvfence_verify", Verification)
 HOLDER = web.AppKey("kvfence_policy_holder", PolicyHolder)
 LIMITS = web.AppKey("kvfence_limits", SharedLimits)
 IN_FLIGHT = web.AppKey("kvfence_in_flight", InFlight)
-SESSION = web.AppKey("kvfence_upstream_session", aiohttp.ClientSession)
 EDGE = web.AppKey("kvfence_edge", Edge)  # counts and logs malformed requests
 REPLICAS = web.AppKey("kvfence_replicas", Replicas)  # this worker's ejections
 LIMITER = web.AppKey("kvfence_limiter", Limiter)  # tenant limits: local or in Redis

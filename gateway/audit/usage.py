@@ -1,8 +1,8 @@
-"""Server-sent-event scanning: the attestation event at a stream's head, and usage read from
-events as they pass (dropping the usage-only chat/completions event a client did not ask for).
+"""Usage as the audit reads it: the prompt, cached and total tokens of a plain answer, and of a
+stream as its events pass (dropping the usage-only chat/completions event a client did not ask
+for).
 
-Invariant: output bytes are the input bytes minus whole dropped events, in order; the
-attestation field never reaches the client.
+Invariant: a scanner's output bytes are its input bytes minus whole dropped events, in order.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from typing import Any
 
 import orjson
 
-from kvfence.attestation import ATTESTATION_EVENT, ATTESTATION_FIELD
+from gateway.audit.events import event_data, last_boundary
 
 _USAGE = b'"usage"'
-_EVENT_LINE = b"event: " + ATTESTATION_EVENT.encode()
 
 
 def prompt_tokens(usage: Any) -> int | None:
@@ -39,29 +38,6 @@ def total_tokens(usage: Any) -> int | None:
     return sum(counted) if counted else None
 
 
-def first_event(buf: bytes) -> tuple[bytes, bytes] | None:
-    """The first complete event (without its blank line) and the bytes after it, or None."""
-    ends = [(i, n) for i, n in ((buf.find(b"\n\n"), 2), (buf.find(b"\r\n\r\n"), 4)) if i >= 0]
-    if not ends:
-        return None
-    index, width = min(ends)
-    return buf[:index], buf[index + width :]
-
-
-def split_attestation_event(event: bytes) -> tuple[str | None, bytes]:
-    """From the stream's first event: the attestation token (None when the event is not the
-    attestation event) and the bytes to send the client instead: the same chunk without the
-    attestation field and without the event name."""
-    lines = event.splitlines()
-    named = any(line.rstrip() == _EVENT_LINE for line in lines)
-    data = _data(event)
-    if not isinstance(data, dict) or ATTESTATION_FIELD not in data:
-        return None, event + b"\n\n"
-    token = data.pop(ATTESTATION_FIELD)
-    clean = b"data: " + orjson.dumps(data) + b"\n\n"
-    return (token if named and isinstance(token, str) else None), clean
-
-
 def parse_usage(body: bytes) -> tuple[Any, Any]:
     """A plain JSON answer parsed (None when it is not JSON), and its usage object."""
     try:
@@ -82,20 +58,6 @@ def cached_tokens(usage: Any) -> int | None:
     return None
 
 
-def _last_boundary(buf: bytes) -> int:
-    """Index just past the last complete event, or 0."""
-    lf, crlf = buf.rfind(b"\n\n"), buf.rfind(b"\r\n\r\n")
-    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
-
-
-def _data(event: bytes) -> Any:
-    lines = [ln[5:].lstrip(b" ") for ln in event.splitlines() if ln.startswith(b"data:")]
-    try:
-        return orjson.loads(b"\n".join(lines)) if lines else None
-    except orjson.JSONDecodeError:
-        return None
-
-
 class UsageScanner:
     """Feed upstream chunks; get back what to send the client and learn `cached_tokens`."""
 
@@ -110,7 +72,7 @@ class UsageScanner:
 
     def feed(self, chunk: bytes) -> bytes:
         buf = self._buf + chunk if self._buf else chunk
-        cut = _last_boundary(buf)
+        cut = last_boundary(buf)
         complete, self._buf = buf[:cut], buf[cut:]
         if _USAGE not in complete:
             return complete
@@ -121,7 +83,7 @@ class UsageScanner:
         """Record usage from one event; True when the event is to be dropped."""
         if _USAGE not in event or b'"usage":null' in event:
             return False
-        data = _data(event)
+        data = event_data(event)
         if not isinstance(data, dict):
             return False
         if data.get("type") == "response.completed" and isinstance(data.get("response"), dict):

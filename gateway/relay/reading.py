@@ -1,7 +1,9 @@
 """Reading an upstream answer: what arrived, with a deadline only when something must be
-waited for, and a stream's first event (where our backend puts its attestation).
+waited for; a plain answer whole (it is judged before its first byte is sent), and a stream's
+first event (where our backend puts its attestation).
 
-Invariant: no read waits longer than the idle deadline it is given.
+Invariant: no read waits longer than the idle deadline it is given; a failed read is an
+UpstreamTimeout or UpstreamUnavailable that names how it failed.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from typing import Final
 
 import aiohttp
 
-from gateway.audit.usage import first_event
-from gateway.errors import UpstreamTimeout, UpstreamUnavailable
+from gateway.audit.events import first_event
+from gateway.errors import AnswerTooLarge, UpstreamTimeout, UpstreamUnavailable
+from gateway.relay.failures import describe
 
 MAX_FIRST_EVENT: Final = 64 * 1024  # the attestation event is a few hundred bytes
 
@@ -47,3 +50,22 @@ async def first_event_of(
     except aiohttp.ClientError:
         raise UpstreamUnavailable("backend failed before its attestation") from None
     return None, buf
+
+
+async def read_all(upstream: aiohttp.ClientResponse, idle_s: float, cap: int) -> bytes:
+    """The whole plain answer, at most `cap` bytes."""
+    parts: list[bytes] = []
+    size = 0
+    try:
+        while chunk := await read_chunk(upstream, idle_s):
+            size += len(chunk)
+            if size > cap:
+                raise AnswerTooLarge(f"the backend's answer is over {cap} bytes")
+            parts.append(chunk)
+    except TimeoutError:
+        cause = f"stalled: no data within timeouts.idle_s ({idle_s:g} s)"
+        raise UpstreamTimeout("backend stalled while answering", cause=cause) from None
+    except aiohttp.ClientError as exc:
+        cause = describe(exc)
+        raise UpstreamUnavailable("backend failed while answering", cause=cause) from None
+    return b"".join(parts)

@@ -12,6 +12,7 @@ import logging
 
 from aiohttp import web
 
+from gateway.audit.exchange import Exchange
 from gateway.errors import (
     BackendQuarantined,
     GatewayError,
@@ -45,7 +46,7 @@ async def failover(request: web.Request) -> web.StreamResponse:
             await inject(request)
         name = route.backend.name
         try:
-            response = await forward(request)
+            response = await forward(request, await Exchange.start(request))
         except GatewayError as exc:
             error = exc
             if isinstance(exc, _BACKEND_FAULTS) and replicas.failed(name, settings):

@@ -28,7 +28,8 @@ from gateway.policy.backend_model import Backend
 from gateway.policy.model import Policy
 from gateway.policy.reload import PolicyHolder
 from gateway.relay.failures import describe
-from gateway.state import HOLDER, RUNTIME, SESSION
+from gateway.relay.session import SESSION
+from gateway.state import HOLDER, RUNTIME
 
 INTERVAL_S: Final = 2.0
 TIMEOUT_S: Final = 2.0

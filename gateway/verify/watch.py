@@ -21,7 +21,8 @@ from gateway.audit.chain.log import AuditWriteError
 from gateway.audit.sink import AUDIT_SINK
 from gateway.fleet.local_health import Health
 from gateway.policy.backend_model import Backend
-from gateway.state import HOLDER, METRICS, SESSION, VERIFY
+from gateway.relay.session import SESSION
+from gateway.state import HOLDER, METRICS, VERIFY
 from gateway.verify import quarantine
 from gateway.verify.canary import Outcome, Result, run_round
 from kvfence.namespace import NamespaceKey
