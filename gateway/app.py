@@ -13,8 +13,9 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -31,43 +32,34 @@ from gateway.filters.public import split_public
 from gateway.filters.replica import pick_replica
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
-from gateway.fleet.limiter import Limiter
-from gateway.fleet.local_limits import SharedLimits
+from gateway.fleet.limiter import LIMITER, Limiter
+from gateway.fleet.local_limits import LIMITS, SharedLimits
 from gateway.fleet.metrics import FLEET_METRICS, FleetMetrics
-from gateway.listener.edge import Edge
-from gateway.metrics import HealthCollector, Metrics
+from gateway.listener.edge import EDGE, Edge
+from gateway.metrics import METRICS, HealthCollector, Metrics
 from gateway.models_api import add_routes
 from gateway.observe import failed, finish
 from gateway.policy.model import Policy
-from gateway.policy.reload import RELOADER, PolicyHolder, Reloader, reload_ctx
+from gateway.policy.reload import HOLDER, RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
-from gateway.relay.session import session_ctx
+from gateway.relay.session import SESSION, session_ctx
 from gateway.routing.failover import failover
 from gateway.routing.liveness import LIVENESS, Liveness, LivenessCollector, readyz
-from gateway.routing.replicas import Replicas
+from gateway.routing.replicas import REPLICAS, Replicas
 from gateway.shared import open_shared
 from gateway.state import (
     ADMISSION,
     ADMITTED,
-    EDGE,
-    HOLDER,
-    IN_FLIGHT,
-    LIMITER,
-    LIMITS,
-    METRICS,
-    REPLICAS,
     REQUEST_ID,
     ROUTE,
     RUNTIME,
     TENANT,
     TIMING,
     USED_TOKENS,
-    VERIFY,
-    InFlight,
     Timing,
 )
-from gateway.verify.service import Verification, remove_state_dir, state_dir_for
-from gateway.verify.watch import Watch
+from gateway.verify.service import VERIFY, Verification, remove_state_dir, state_dir_for
+from gateway.verify.watch import WATCH, Watch
 from kvfence.logs import redact_headers
 
 Filter = Callable[[web.Request], Awaitable[None]]
@@ -83,9 +75,18 @@ CHAIN: Final[tuple[Filter, ...]] = (
     split_public,
     inject,
 )
-WATCH = web.AppKey("kvfence_watch", Watch)
 _RID_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 log = logging.getLogger("kvfence.gateway")
+
+
+@dataclass(slots=True)
+class InFlight:
+    """Proxied requests this worker holds now (for `limits.max_in_flight`)."""
+
+    count: int = 0
+
+
+IN_FLIGHT = web.AppKey("kvfence_in_flight", InFlight)
 
 
 async def proxied(request: web.Request) -> web.StreamResponse:
@@ -206,7 +207,11 @@ def create_app(
     app[IN_FLIGHT] = InFlight()
     app[LIMITER] = Limiter(app[LIMITS], shared_limits)
     app[REPLICAS] = Replicas()
-    app[WATCH] = Watch(app)
+
+    async def record(entry: dict[str, Any]) -> None:
+        await app[AUDIT_SINK].event(app[HOLDER].runtime.policy.gateway.audit_log, entry)
+
+    app[WATCH] = Watch(app[HOLDER], app[VERIFY], app[METRICS], lambda: app[SESSION], record)
     app.cleanup_ctx.append(session_ctx)
     app.cleanup_ctx.append(audit_sink_ctx)
     app.cleanup_ctx.append(_verify_ctx(temporary))

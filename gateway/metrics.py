@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import values as prometheus_values
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -200,6 +201,9 @@ class Metrics:
         for collector in self._collectors:
             registry.register(collector)
         return generate_latest(registry)
+
+
+METRICS = web.AppKey("kvfence_metrics", Metrics)
 
 
 class HealthCollector(Collector):

@@ -1,6 +1,9 @@
-"""Typed per-request slots shared along the filter chain; filters import these, never each other.
+"""Typed per-request slots shared along the filter chain and the response side; filters import
+these, never each other. Each app-wide key lives beside the class it holds.
 
-Invariant: each slot has exactly one writer (named below), which runs before any reader.
+Invariant: each slot has one writer (named below), which runs before any reader; `ROUTE` and
+`BODY` have one more, `gateway.routing.retarget`, which moves a request to another backend
+(the replica step, a failover) before the steps that depend on the backend run again.
 """
 
 from __future__ import annotations
@@ -10,23 +13,14 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.fleet.limiter import Admission, Limiter
-from gateway.fleet.local_limits import SharedLimits
-from gateway.listener.edge import Edge
-from gateway.metrics import Metrics
-from gateway.policy.reload import PolicyHolder
+# Re-exported for `gateway.shared`, which takes these app keys from here.
+from gateway.fleet.limiter import LIMITER as LIMITER
+from gateway.fleet.limiter import Admission
+from gateway.metrics import METRICS as METRICS
 from gateway.policy.runtime import Route, Runtime
 from gateway.policy.tenant_model import Tenant
-from gateway.routing.replicas import Replicas
-from gateway.verify.service import Verification
+from gateway.verify.service import VERIFY as VERIFY
 from kvfence.public import PublicPart
-
-
-@dataclass(slots=True)
-class InFlight:
-    """Proxied requests this worker holds now (for `limits.max_in_flight`)."""
-
-    count: int = 0
 
 
 @dataclass(slots=True)
@@ -46,8 +40,10 @@ RUNTIME = web.RequestKey("kvfence_runtime", Runtime)  # app middleware
 REQUEST_ID = web.RequestKey("kvfence_request_id", str)  # app middleware
 TIMING = web.RequestKey("kvfence_timing", Timing)  # app middleware
 TENANT = web.RequestKey("kvfence_tenant", Tenant)  # filters.authn
-BODY: web.RequestKey[dict[str, Any]] = web.RequestKey("kvfence_body", dict)  # filters.body
-ROUTE = web.RequestKey("kvfence_route", Route)  # filters.route
+BODY: web.RequestKey[dict[str, Any]] = web.RequestKey(
+    "kvfence_body", dict
+)  # filters.body (and routing.retarget)
+ROUTE = web.RequestKey("kvfence_route", Route)  # filters.route (and routing.retarget)
 # A session-scoped tenant's session id from the body; set only when sent.
 PROMPT_CACHE_KEY: web.RequestKey[object] = web.RequestKey(
     "kvfence_prompt_cache_key", object
@@ -72,11 +68,3 @@ CANDIDATES: web.RequestKey[tuple[Route, ...]] = web.RequestKey(
 )  # filters.replica
 UNSCOPED_BODY = web.RequestKey("kvfence_unscoped_body", bytes)  # filters.replica
 USED_TOKENS = web.RequestKey("kvfence_used_tokens", int)  # audit.settle: what the answer used
-METRICS = web.AppKey("kvfence_metrics", Metrics)
-VERIFY = web.AppKey("kvfence_verify", Verification)
-HOLDER = web.AppKey("kvfence_policy_holder", PolicyHolder)
-LIMITS = web.AppKey("kvfence_limits", SharedLimits)
-IN_FLIGHT = web.AppKey("kvfence_in_flight", InFlight)
-EDGE = web.AppKey("kvfence_edge", Edge)  # counts and logs malformed requests
-REPLICAS = web.AppKey("kvfence_replicas", Replicas)  # this worker's ejections
-LIMITER = web.AppKey("kvfence_limiter", Limiter)  # tenant limits: local or in Redis

@@ -49,11 +49,10 @@ from gateway.state import (
     TENANT,
     TIMING,
     UPSTREAM_HEADERS,
-    VERIFY,
 )
 from gateway.verify.detective import Observation
 from gateway.verify.scan import AnswerScan
-from gateway.verify.service import Verification
+from gateway.verify.service import VERIFY, Verification
 
 log = logging.getLogger("kvfence.gateway.proxy")
 CLIENT_CLOSED: Final = 499  # the status recorded when the client leaves mid-stream

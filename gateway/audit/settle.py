@@ -18,13 +18,9 @@ from gateway.audit.chain.log import AuditWriteError
 from gateway.audit.judge import Answer, AuditContext, Judgement, record
 from gateway.audit.sink import AUDIT_SINK
 from gateway.errors import AttestationRefused, AuditWriteFailed, error_response
-from gateway.metrics import Metrics
-from gateway.state import (
-    METRICS,
-    RUNTIME,
-    USED_TOKENS,
-)
-from gateway.verify.watch import Watch
+from gateway.metrics import METRICS, Metrics
+from gateway.state import RUNTIME, USED_TOKENS
+from gateway.verify.watch import WATCH
 from kvfence.verdict import Verdict
 
 VERDICT_HEADER: Final = "x-kvfence-verdict"
@@ -80,7 +76,7 @@ async def settle(
         raise AuditWriteFailed("the audit record could not be written") from None
     if judgement.verdict is Verdict.VIOLATION and ctx.verifier is None:
         kind = "marker" if answer.markers else "detective"
-        await Watch(request.app).violation(ctx.backend, kind)
+        await request.app[WATCH].violation(ctx.backend, kind)
     if refusal is None:
         return None
     return error_response(

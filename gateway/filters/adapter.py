@@ -12,11 +12,11 @@ from aiohttp import web
 
 from gateway.adapters.base import CHAT, COMPLETIONS
 from gateway.inputs import jsonbody
+from gateway.metrics import METRICS
 from gateway.policy.model import Scope
 from gateway.state import (
     BODY,
     DROP_USAGE,
-    METRICS,
     NAMESPACE,
     PUBLIC,
     REQUEST_ID,

@@ -18,8 +18,9 @@ from aiohttp import web
 from gateway.adapters.base import CHAT, RESPONSES
 from gateway.errors import UnknownField
 from gateway.inputs import fields
+from gateway.metrics import METRICS
 from gateway.policy.model import UnknownFieldMode
-from gateway.state import BODY, METRICS, ROUTE, RUNTIME
+from gateway.state import BODY, ROUTE, RUNTIME
 
 MAX_NAME_SHOWN: Final = 64
 

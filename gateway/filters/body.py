@@ -23,7 +23,8 @@ from gateway.errors import (
     UnsupportedEncoding,
 )
 from gateway.inputs import jsonbody
-from gateway.state import BODY, EDGE, RUNTIME
+from gateway.listener.edge import EDGE
+from gateway.state import BODY, RUNTIME
 
 ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.errors import RateLimited
-from gateway.fleet.limiter import Admission
-from gateway.state import ADMISSION, ADMITTED, LIMITER, METRICS, TENANT
+from gateway.fleet.limiter import LIMITER, Admission
+from gateway.metrics import METRICS
+from gateway.state import ADMISSION, ADMITTED, TENANT
 
 
 async def admit(request: web.Request) -> None:

@@ -15,16 +15,9 @@ from gateway.filters.allowlist import allow_fields
 from gateway.inputs import jsonbody
 from gateway.policy.runtime import Route
 from gateway.routing.liveness import LIVENESS
-from gateway.state import (
-    BODY,
-    CANDIDATES,
-    NAMESPACE,
-    REPLICAS,
-    ROUTE,
-    RUNTIME,
-    UNSCOPED_BODY,
-    VERIFY,
-)
+from gateway.routing.replicas import REPLICAS
+from gateway.state import BODY, CANDIDATES, NAMESPACE, ROUTE, RUNTIME, UNSCOPED_BODY
+from gateway.verify.service import VERIFY
 
 
 def candidates(request: web.Request) -> list[Route]:

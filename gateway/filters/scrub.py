@@ -11,8 +11,9 @@ from aiohttp import web
 
 from gateway.errors import ClientInputRejected
 from gateway.inputs.scoping import scoping_headers, strip_body
+from gateway.metrics import METRICS
 from gateway.policy.model import ClientInputMode, Scope
-from gateway.state import BODY, METRICS, PROMPT_CACHE_KEY, RUNTIME, TENANT
+from gateway.state import BODY, PROMPT_CACHE_KEY, RUNTIME, TENANT
 
 
 async def scrub_client_inputs(request: web.Request) -> None:

@@ -15,6 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from aiohttp import web
+
 from gateway.errors import SharedStateUnavailable
 from gateway.fleet.local_limits import Refusal, SharedLimits
 from gateway.fleet.unavailable import SharedUnavailable
@@ -91,3 +93,6 @@ class Limiter:
         """Wait for releases still on their way (at shutdown)."""
         if self._releases:
             await asyncio.gather(*self._releases, return_exceptions=True)
+
+
+LIMITER = web.AppKey("kvfence_limiter", Limiter)  # tenant limits: local or in Redis

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from aiohttp import web
+
 from gateway.policy.tenant_model import TenantLimits
 
 _SLOT: Final = struct.Struct(
@@ -129,6 +131,9 @@ class SharedLimits:
             self._write(slot, name, rps, rps_t, tpm - tokens, max(0, flight - 1), tpm_t)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+
+LIMITS = web.AppKey("kvfence_limits", SharedLimits)
 
 
 def _refill(level: float, since: float, now: float, rate: float, cap: float) -> float:

@@ -102,6 +102,9 @@ class Edge:
         self.lines.info(reason, "malformed request refused")
 
 
+EDGE = web.AppKey("kvfence_edge", Edge)
+
+
 class ServerLog(logging.Logger):
     """The logger aiohttp's HTTP server writes to. A request its parser rejects is client
     garbage: counted and logged as an edge refusal (never at error level, and never with the

@@ -25,7 +25,9 @@ from gateway.filters.public import split_public
 from gateway.filters.replica import retarget
 from gateway.fleet.metrics import FLEET_METRICS
 from gateway.relay.plain import forward
-from gateway.state import CANDIDATES, REPLICAS, REQUEST_ID, ROUTE, RUNTIME, TIMING, VERIFY
+from gateway.routing.replicas import REPLICAS
+from gateway.state import CANDIDATES, REQUEST_ID, ROUTE, RUNTIME, TIMING
+from gateway.verify.service import VERIFY
 
 log = logging.getLogger("kvfence.gateway.routing")
 _RETRYABLE = (UpstreamUnavailable, UpstreamTimeout)

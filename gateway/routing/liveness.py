@@ -26,10 +26,10 @@ from gateway.adapters.registry import ADAPTERS
 from gateway.errors import NotReady
 from gateway.policy.backend_model import Backend
 from gateway.policy.model import Policy
-from gateway.policy.reload import PolicyHolder
+from gateway.policy.reload import HOLDER, PolicyHolder
 from gateway.relay.failures import describe
 from gateway.relay.session import SESSION
-from gateway.state import HOLDER, RUNTIME
+from gateway.state import RUNTIME
 
 INTERVAL_S: Final = 2.0
 TIMEOUT_S: Final = 2.0

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
+
 from gateway.policy.model import RoutingSettings, RoutingStrategy
 from gateway.policy.runtime import Route
 from gateway.routing.rendezvous import rank
@@ -97,3 +99,6 @@ class Replicas:
         turn = self._turns.setdefault(routes[0].model.name, itertools.count())
         start = next(turn) % len(routes)
         return routes[start:] + routes[:start]
+
+
+REPLICAS = web.AppKey("kvfence_replicas", Replicas)  # this worker's ejections

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from backend.model.load import LoadedModel
 from gateway.audit.sink import AUDIT_SINK
-from gateway.state import METRICS
+from gateway.metrics import METRICS
 from kvfence.attestation import ATTESTATION_HEADER, AttestationSigner
 from kvfence.cli import main as kvfence_main
 from kvfence.handle import HANDLE_HEADER, HandleSigner, HandleVerifier

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-from gateway.app import WATCH
 from gateway.policy.load import parse_policy
+from gateway.routing.replicas import REPLICAS
 from gateway.server import bound_port, start_admin
-from gateway.state import REPLICAS
+from gateway.verify.watch import WATCH
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fleet.policies import fleet_policy_text, replica
 from tests.gateway.conftest import ENV, Gateway, run_gateway

@@ -13,9 +13,9 @@ from functools import partial
 import pytest
 import redis
 
-from gateway.app import WATCH
 from gateway.policy.load import parse_policy
-from gateway.state import VERIFY
+from gateway.verify.service import VERIFY
+from gateway.verify.watch import WATCH
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.fleet.policies import fleet_policy_text, replica
 from tests.fleet.redis_server import RedisServer

@@ -12,10 +12,10 @@ import pytest
 from aiohttp import web
 
 from gateway.app import create_app
+from gateway.metrics import METRICS
 from gateway.policy.load import parse_policy
 from gateway.policy.model import Policy
 from gateway.server import bound_port, start
-from gateway.state import METRICS
 from kvfence.apikey import key_digest, mint_key
 from tests.fakes.openai_upstream import FakeUpstream
 

@@ -16,9 +16,10 @@ from aiohttp import web
 from gateway.app import create_app
 from gateway.fleet.local_health import Health
 from gateway.policy.load import parse_policy
+from gateway.policy.reload import HOLDER
 from gateway.server import bound_port, start, start_admin
-from gateway.state import HOLDER, VERIFY
-from gateway.verify.watch import Watch
+from gateway.verify.service import VERIFY
+from gateway.verify.watch import WATCH
 from kvfence.apikey import key_digest, mint_key
 from tests.interop.vllm_server import MODEL_DIR, SERVED_MODEL
 
@@ -80,7 +81,7 @@ class Verified:
         )
 
     async def round(self, backend: str = "upstream") -> Health:
-        watch = Watch(self.app)
+        watch = self.app[WATCH]
         found = next(b for b in self.app[HOLDER].runtime.policy.backends if b.name == backend)
         await watch.round(found)
         return self.app[VERIFY].health.get(backend)

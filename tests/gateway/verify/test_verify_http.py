@@ -20,7 +20,7 @@ from gateway.app import create_app
 from gateway.fleet.local_health import Health
 from gateway.policy.load import parse_policy
 from gateway.server import bound_port, start, start_admin
-from gateway.state import VERIFY
+from gateway.verify.service import VERIFY
 from kvfence.cli import main as kvfence_main
 from tests.fakes.cache_server import CacheServer
 from tests.gateway.conftest import ENV, KEYS, digest
