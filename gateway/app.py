@@ -19,7 +19,6 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from gateway.adapters.base import PROXIED_PATHS
 from gateway.audit.sink import AUDIT_SINK, AuditSink, audit_sink_ctx
 from gateway.errors import GatewayError, NotFound, Overloaded, error_response
 from gateway.filters.adapter import inject
@@ -33,10 +32,12 @@ from gateway.filters.replica import pick_replica
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
 from gateway.fleet.limiter import LIMITER, Limiter
+from gateway.fleet.local_health import HealthCollector
 from gateway.fleet.local_limits import LIMITS, SharedLimits
 from gateway.fleet.metrics import FLEET_METRICS, FleetMetrics
+from gateway.inputs.paths import PROXIED_PATHS
 from gateway.listener.edge import EDGE, Edge
-from gateway.metrics import METRICS, HealthCollector, Metrics
+from gateway.metrics import METRICS, Metrics
 from gateway.models_api import add_routes
 from gateway.observe import failed, finish
 from gateway.policy.model import Policy
@@ -56,13 +57,13 @@ from gateway.state import (
     TENANT,
     TIMING,
     USED_TOKENS,
+    Filter,
     Timing,
 )
 from gateway.verify.service import VERIFY, Verification, remove_state_dir, state_dir_for
 from gateway.verify.watch import WATCH, Watch
 from kvfence.logs import redact_headers
 
-Filter = Callable[[web.Request], Awaitable[None]]
 CHAIN: Final[tuple[Filter, ...]] = (
     authenticate,
     admit,
@@ -75,6 +76,8 @@ CHAIN: Final[tuple[Filter, ...]] = (
     split_public,
     inject,
 )
+# The chain's steps whose outcome depends on the backend: a failover runs them again.
+RESCOPE: Final[tuple[Filter, ...]] = (split_public, inject)
 _RID_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 log = logging.getLogger("kvfence.gateway")
 
@@ -103,7 +106,7 @@ async def proxied(request: web.Request) -> web.StreamResponse:
         in_flight = metrics.child(metrics.in_flight, request[TENANT].id, route.model.name)
         in_flight.inc()
         try:
-            return await failover(request)
+            return await failover(request, RESCOPE)
         finally:
             in_flight.dec()
     finally:

@@ -8,6 +8,7 @@ Invariant: each slot has one writer (named below), which runs before any reader;
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,9 @@ from gateway.policy.runtime import Route, Runtime
 from gateway.policy.tenant_model import Tenant
 from gateway.verify.service import VERIFY as VERIFY
 from kvfence.public import PublicPart
+
+# A step of the request chain: reads and writes these slots, may raise a GatewayError to answer.
+Filter = Callable[[web.Request], Awaitable[None]]
 
 
 @dataclass(slots=True)

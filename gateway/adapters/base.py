@@ -7,16 +7,11 @@ the only code that writes a scoping field into an upstream request.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar
 
-from gateway.policy.backend_model import Backend
+from gateway.inputs.paths import PROXIED_PATHS
 from kvfence.public import PublicPart
 from kvfence.share import Share
-
-CHAT: Final = "/v1/chat/completions"
-COMPLETIONS: Final = "/v1/completions"
-RESPONSES: Final = "/v1/responses"
-PROXIED_PATHS: Final = frozenset({CHAT, COMPLETIONS, RESPONSES})
 
 
 class Adapter(ABC):
@@ -32,9 +27,6 @@ class Adapter(ABC):
     splits_public: ClassVar[bool] = False
     # What `gateway.routing.liveness` checks: any answer below 500 means the server is up.
     health_path: ClassVar[str] = "/health"
-
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
 
     @abstractmethod
     def inject(self, path: str, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:

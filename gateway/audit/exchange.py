@@ -19,7 +19,6 @@ from typing import Final
 
 from aiohttp import web
 
-from gateway.adapters.base import RESPONSES
 from gateway.audit.events import done_at, split_attestation_event
 from gateway.audit.judge import (
     UNATTESTED,
@@ -38,6 +37,7 @@ from gateway.errors import (
     HandleRefused,
     UpstreamUnavailable,
 )
+from gateway.inputs.paths import RESPONSES
 from gateway.state import (
     BODY,
     DROP_USAGE,

@@ -10,8 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.adapters.base import CHAT, COMPLETIONS
 from gateway.inputs import jsonbody
+from gateway.inputs.paths import CHAT, COMPLETIONS
 from gateway.metrics import METRICS
 from gateway.policy.model import Scope
 from gateway.state import (

@@ -13,8 +13,8 @@ from typing import Final
 
 from aiohttp import web
 
-from gateway.adapters.base import CHAT
 from gateway.errors import PublicMarkRefused
+from gateway.inputs.paths import CHAT
 from gateway.policy.model import Scope
 from gateway.policy.prefixes import MARK_HEADER, marked, match_chat, match_prompt, plain_messages
 from gateway.state import BODY, NAMESPACE, PUBLIC, ROUTE, RUNTIME, TENANT

@@ -1,6 +1,7 @@
-"""Per-backend verification state that every gateway worker shares: the last canary outcome,
-rounds, violations, and whether the backend is quarantined. A small JSON file in the state
-directory, changed under an exclusive lock and re-read by every worker within `REFRESH_S`.
+"""Per-backend verification state that every worker of one gateway shares: the last canary
+outcome, rounds, violations, and whether the backend is quarantined. A small JSON file in the
+state directory, changed under an exclusive lock and re-read by every worker within
+`REFRESH_S`; its twin for several gateways is `health` (Redis). Its metrics are read at scrape.
 
 Invariant: a change is a read-modify-write under the lock, so two workers never lose each
 other's updates; readers see either the old or the new file, never a torn one.
@@ -13,12 +14,14 @@ import contextlib
 import dataclasses
 import fcntl
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 REFRESH_S: Final = 0.25  # how stale a worker's view may be (workers agree within this)
 
@@ -116,3 +119,37 @@ class HealthBoard:
         """Whether this gateway runs the backend's due canary round; its workers already take
         turns by a file lock (a board shared by several gateways says more)."""
         return True
+
+
+class HealthCollector(Collector):
+    """Per-backend verification state, read from the board every worker shares, at scrape time;
+    every backend of the policy appears (a backend never checked: no canary, not quarantined)."""
+
+    def __init__(self, board: HealthBoard, backends: Callable[[], Iterable[str]]) -> None:
+        self.board = board
+        self.backends = backends
+
+    def collect(self) -> Iterator[Metric]:
+        p = "kvfence_gateway_backend_"
+        quarantined = GaugeMetricFamily(
+            p + "quarantined", "1 while quarantined", labels=["backend"]
+        )
+        outcome = GaugeMetricFamily(
+            p + "canary_outcome", "1 for the last canary outcome", labels=["backend", "outcome"]
+        )
+        at = GaugeMetricFamily(
+            p + "canary_timestamp_seconds", "When the last canary round ended", labels=["backend"]
+        )
+        rounds = GaugeMetricFamily(p + "canary_rounds", "Canary rounds run", labels=["backend"])
+        found = GaugeMetricFamily(
+            p + "violations", "Violations by kind (shared count)", labels=["backend", "kind"]
+        )
+        for name in sorted(self.backends()):
+            health = self.board.get(name)
+            quarantined.add_metric([name], float(health.quarantined))
+            outcome.add_metric([name, health.canary], 1.0)
+            at.add_metric([name], health.canary_at)
+            rounds.add_metric([name], float(health.rounds))
+            for kind, count in sorted(health.violations.items()):
+                found.add_metric([name, kind], float(count))
+        yield from (quarantined, outcome, at, rounds, found)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from gateway.adapters.base import CHAT, COMPLETIONS, RESPONSES
+from gateway.inputs.paths import CHAT, COMPLETIONS, RESPONSES
 
 _F = frozenset
 # `openai` 3.57 `types`: chat `completion_create_params`, `completion_create_params`,

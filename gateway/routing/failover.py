@@ -9,6 +9,7 @@ client), and never to a backend quarantined by then; each attempt is settled (au
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from aiohttp import web
 
@@ -20,13 +21,11 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from gateway.filters.adapter import inject
-from gateway.filters.public import split_public
-from gateway.filters.replica import retarget
-from gateway.fleet.metrics import FLEET_METRICS
+from gateway.metrics import METRICS
 from gateway.relay.plain import forward
 from gateway.routing.replicas import REPLICAS
-from gateway.state import CANDIDATES, REQUEST_ID, ROUTE, RUNTIME, TIMING
+from gateway.routing.retarget import retarget
+from gateway.state import CANDIDATES, REQUEST_ID, ROUTE, RUNTIME, TIMING, Filter
 from gateway.verify.service import VERIFY
 
 log = logging.getLogger("kvfence.gateway.routing")
@@ -34,18 +33,19 @@ _RETRYABLE = (UpstreamUnavailable, UpstreamTimeout)
 _BACKEND_FAULTS = (UpstreamUnavailable, UpstreamTimeout, HandleRefused)
 
 
-async def failover(request: web.Request) -> web.StreamResponse:
+async def failover(request: web.Request, rescope: Sequence[Filter]) -> web.StreamResponse:
+    """`rescope`: the chain's steps that depend on the backend, run again for a retry."""
     tries = request.get(CANDIDATES) or (request[ROUTE],)
     replicas, settings = request.app[REPLICAS], request[RUNTIME].policy.gateway.routing
-    health, metrics = request.app[VERIFY].health, request.app[FLEET_METRICS]
+    health, metrics = request.app[VERIFY].health, request.app[METRICS]
     error: GatewayError | None = None
     for attempt, route in enumerate(tries):
         if attempt:
             if health.get(route.backend.name).quarantined:
                 continue  # quarantined while the first attempt ran
-            await retarget(request, route)
-            await split_public(request)  # what may be public depends on the backend's kind
-            await inject(request)
+            retarget(request, route)
+            for step in rescope:  # what may be public, and how it is scoped, depend on it
+                await step(request)
         name = route.backend.name
         try:
             response = await forward(request, await Exchange.start(request))

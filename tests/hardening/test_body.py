@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from gateway.filters.allowlist import prune
 from gateway.inputs import fields
+from gateway.inputs.allowlist import prune
 from gateway.policy.load import parse_policy
 from gateway.policy.node import PolicyError
 from tests.fakes.openai_upstream import FakeUpstream
