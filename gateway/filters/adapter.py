@@ -13,7 +13,7 @@ from aiohttp import web
 from gateway.inputs import jsonbody
 from gateway.inputs.paths import CHAT, COMPLETIONS
 from gateway.metrics import METRICS
-from gateway.policy.model import Scope
+from gateway.policy.tenant_model import Scope
 from gateway.state import (
     BODY,
     DROP_USAGE,

@@ -15,8 +15,8 @@ from aiohttp import web
 
 from gateway.errors import PublicMarkRefused
 from gateway.inputs.paths import CHAT
-from gateway.policy.model import Scope
 from gateway.policy.prefixes import MARK_HEADER, marked, match_chat, match_prompt, plain_messages
+from gateway.policy.tenant_model import Scope
 from gateway.state import BODY, NAMESPACE, PUBLIC, ROUTE, RUNTIME, TENANT
 from kvfence.public import PublicPart
 

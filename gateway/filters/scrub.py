@@ -12,7 +12,8 @@ from aiohttp import web
 from gateway.errors import ClientInputRejected
 from gateway.inputs.scoping import scoping_headers, strip_body
 from gateway.metrics import METRICS
-from gateway.policy.model import ClientInputMode, Scope
+from gateway.policy.model import ClientInputMode
+from gateway.policy.tenant_model import Scope
 from gateway.state import BODY, PROMPT_CACHE_KEY, RUNTIME, TENANT
 
 

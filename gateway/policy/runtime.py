@@ -18,8 +18,8 @@ from gateway.adapters.kvfence import KvfenceAdapter
 from gateway.adapters.registry import ADAPTERS
 from gateway.inputs.paths import PROXIED_PATHS
 from gateway.policy.backend_model import Backend, ModelSpec
-from gateway.policy.model import Policy, Scope
-from gateway.policy.tenant_model import PublicPrefix, Tenant
+from gateway.policy.model import Policy
+from gateway.policy.tenant_model import PublicPrefix, Scope, Tenant
 from kvfence.apikey import is_well_formed, key_digest
 from kvfence.attestation import AttestationVerifier
 from kvfence.handle import HandleSigner

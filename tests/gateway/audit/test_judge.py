@@ -17,7 +17,7 @@ from gateway.policy.backend_model import (
     ModelSpec,
     VerifySettings,
 )
-from gateway.policy.model import SecretRef
+from gateway.policy.secrets import SecretRef
 from kvfence.attestation import AttestationSigner, AttestationVerifier
 from kvfence.keyfile import TrustStore, generate_key
 from kvfence.namespace import namespace_label

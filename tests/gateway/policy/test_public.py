@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.policy.load import parse_policy
-from gateway.policy.model import Scope
+from gateway.policy.tenant_model import Scope
 from tests.gateway.conftest import ENV, policy_text
 from tests.gateway.policy.test_load import errors_of
 
