@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from backend.engine.engine import Engine, EngineConfig, StepOutput
 from backend.engine.plan import PrefillPolicy, SamplingParams
 from backend.engine.pool_check import IntegrityError
-from backend.errors import ContextLengthExceeded
+from backend.engine.scheduler import OverCapacity
 from kvfence.capability import Namespace, _mint
 from tests.backend.fake_runner import FakeRunner
 from tests.backend.leaky_engine import LeakyEngine
@@ -160,7 +160,7 @@ def test_bad_requests_are_refused() -> None:
         engine.add("tenant-a", [1], GREEDY)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         engine.add(A, [], GREEDY)
-    with pytest.raises(ContextLengthExceeded):
+    with pytest.raises(OverCapacity):
         engine.add(A, list(range(17)), GREEDY)
     with pytest.raises(ValueError):
         Engine(FakeRunner(4, 8), EngineConfig(num_blocks=4, block_size=4))

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from backend.engine.engine import Engine, EngineConfig, StepOutput
 from backend.engine.plan import SamplingParams
 from backend.engine.prefix_cache import chain_hashes
+from backend.engine.scheduler import OverCapacity
 from backend.engine.sequence import Segment
-from backend.errors import ContextLengthExceeded
 from kvfence.capability import Namespace, _mint
 from kvfence.public import PUBLIC_GROUP
 from tests.backend.fake_runner import FakeRunner
@@ -85,7 +85,7 @@ def test_a_block_after_a_public_prefix_hashes_under_its_own_namespace(ids: list[
 def test_public_blocks_count_against_their_own_ceiling_not_the_tenants() -> None:
     engine, _ = make_engine()  # A may hold 4 of 16 blocks; P 8
     long = [*range(2000, 2016), *range(50, 58)]  # 6 blocks
-    with pytest.raises(ContextLengthExceeded):
+    with pytest.raises(OverCapacity):
         engine.add(A, long, ONE)
     out = run(engine, engine.add(A, long, ONE, public=(Segment(P, 4),)))[0]
     assert out.block_runs == ((P, 4), (A, 2))

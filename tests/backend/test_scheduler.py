@@ -8,9 +8,8 @@ import pytest
 
 from backend.engine.block_pool import BlockPool
 from backend.engine.plan import PrefillPolicy, SamplingParams, StepPlan
-from backend.engine.scheduler import Scheduler
+from backend.engine.scheduler import OverCapacity, Scheduler
 from backend.engine.sequence import Sequence, SequenceStatus
-from backend.errors import ContextLengthExceeded
 from kvfence.capability import Namespace, _mint
 from tests.backend.fake_runner import FakeRunner
 
@@ -139,11 +138,11 @@ def test_out_of_blocks_preempts_the_newest_and_both_still_finish_correctly() -> 
 
 def test_prompt_that_can_never_fit_is_rejected() -> None:
     h = Harness(num_blocks=4, bs=4)
-    with pytest.raises(ContextLengthExceeded):
+    with pytest.raises(OverCapacity):
         h.sched.add(make_seq(A, list(range(17))))
     h.sched.add(make_seq(A, list(range(16))))  # exactly the pool: accepted
     quota = Harness(num_blocks=4, bs=4, quota=0.5)
-    with pytest.raises(ContextLengthExceeded):
+    with pytest.raises(OverCapacity):
         quota.sched.add(make_seq(A, list(range(9))))
 
 

@@ -141,6 +141,18 @@ async def test_malformed_bodies_get_400_not_a_crash(tiny: tuple[Kit, Client]) ->
         assert (await resp.json())["error"]["type"] == "invalid_request_error"
 
 
+async def test_a_prompt_over_the_pool_is_400_context_length_exceeded(
+    aiohttp_client: MakeClient, tiny_model: LoadedModel
+) -> None:
+    kit = make_kit(tiny_model, num_blocks=4)  # 64 tokens of pool; the context is 256
+    client = await aiohttp_client(create_app(kit.backend))
+    body = {"model": "tiny", "prompt": "x" * 120, "max_tokens": 1}
+    resp = await kit.post(client, "/v1/completions", body, "ns-a")
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == "context_length_exceeded"
+    assert not kit.engine.has_work()
+
+
 async def test_attestation_header_verifies_and_names_the_request(tiny: tuple[Kit, Client]) -> None:
     kit, client = tiny
     body = {"model": kit.model, "prompt": "abc", "max_tokens": 3}
