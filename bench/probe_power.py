@@ -59,7 +59,7 @@ def row(target: str, case: str, result: ProbeResult) -> Row:
         target,
         case,
         str(result.config.test),
-        str(result.decision.verdict),
+        str(result.decision.outcome),
         result.rounds,
         result.requests,
         result.tokens,

@@ -12,7 +12,8 @@ import dataclasses
 
 from gateway.fleet.local_health import Health
 from gateway.policy.backend_model import CanarySettings, OnShared
-from gateway.verify.canary import Outcome, Result
+from gateway.verify.canary import Result
+from kvfence.probe.outcome import Outcome
 
 
 def _violation(health: Health, kind: str) -> dict[str, int]:

@@ -24,10 +24,11 @@ from gateway.metrics import Metrics
 from gateway.policy.backend_model import Backend
 from gateway.policy.reload import PolicyHolder
 from gateway.verify import quarantine
-from gateway.verify.canary import Outcome, Result, run_round
+from gateway.verify.canary import Result, run_round
 from gateway.verify.service import Verification
 from kvfence.namespace import NamespaceKey
 from kvfence.probe.errors import ProbeError
+from kvfence.probe.outcome import Outcome
 
 log = logging.getLogger("kvfence.gateway.verify")
 TICK_S = 1.0

@@ -1,4 +1,4 @@
-"""The verdict and its reasons, from the two channels' findings.
+"""The probe's outcome and its reasons, from the two channels' findings.
 
 Invariant: `shared` needs evidence (a cross-credential metadata hit, or the timing test
 rejecting at its spent alpha); `isolated` needs a positive control that passed on at least one
@@ -10,20 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import StrEnum
 
 from kvfence.probe.findings import MetadataFinding, TimingFinding
+from kvfence.probe.outcome import Outcome
 from kvfence.probe.power import POWER_TARGET, budget_for, detectable_auc, power
 from kvfence.probe.sequential import Schedule
 
-
-class Verdict(StrEnum):
-    SHARED = "shared"
-    ISOLATED = "isolated"
-    INCONCLUSIVE = "inconclusive"
-
-
-EXIT_CODES = {Verdict.ISOLATED: 0, Verdict.SHARED: 1, Verdict.INCONCLUSIVE: 2}
+EXIT_CODES = {Outcome.ISOLATED: 0, Outcome.SHARED: 1, Outcome.INCONCLUSIVE: 2}
 EXIT_ERROR = 3  # the probe could not run: bad credentials, endpoint refused, model not served
 
 
@@ -38,13 +31,13 @@ class TimingPower:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    verdict: Verdict
+    outcome: Outcome
     reasons: tuple[str, ...]
     timing_power: TimingPower | None
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.verdict]
+        return EXIT_CODES[self.outcome]
 
 
 def timing_power(timing: TimingFinding, schedule: Schedule, min_effect: float) -> TimingPower:
@@ -63,9 +56,9 @@ def decide(
     """`rounds`: completed cross rounds (the n per arm)."""
     evidence = _evidence(meta, timing)
     if evidence:
-        return Decision(Verdict.SHARED, tuple(evidence), None)
+        return Decision(Outcome.SHARED, tuple(evidence), None)
     if not (meta.control_passed or timing.control_passed):
-        return Decision(Verdict.INCONCLUSIVE, (_control_failed(meta, timing),), None)
+        return Decision(Outcome.INCONCLUSIVE, (_control_failed(meta, timing),), None)
     reasons: list[str] = []
     problems: list[str] = []
     if meta.control_passed:
@@ -98,8 +91,8 @@ def decide(
     else:
         reasons.append(f"timing: A's own repeats were not measurably faster ({_control_p(timing)})")
     if problems:
-        return Decision(Verdict.INCONCLUSIVE, tuple(problems + reasons), tp)
-    return Decision(Verdict.ISOLATED, tuple(reasons), tp)
+        return Decision(Outcome.INCONCLUSIVE, tuple(problems + reasons), tp)
+    return Decision(Outcome.ISOLATED, tuple(reasons), tp)
 
 
 def _evidence(meta: MetadataFinding, timing: TimingFinding) -> list[str]:

@@ -10,9 +10,9 @@ import pytest
 
 from kvfence.probe.client import Identity
 from kvfence.probe.method import ProbeConfig, ProbeResult, run_probe
+from kvfence.probe.outcome import Outcome
 from kvfence.probe.prompts import PromptFactory
 from kvfence.probe.rounds import Arm, Phase
-from kvfence.probe.verdict import Verdict
 from tests.probe.sim import SimCache, SimEndpoint, pooled
 
 A, B = Identity("A", key="sk-a"), Identity("B", key="sk-b")
@@ -27,7 +27,7 @@ async def probe(sim: SimEndpoint, config: ProbeConfig = SMALL, seed: int = 1) ->
 
 async def test_pooled_cache_is_shared_by_the_counter_after_one_round() -> None:
     result = await probe(SimEndpoint(scope=pooled))
-    assert result.decision.verdict is Verdict.SHARED
+    assert result.decision.outcome is Outcome.SHARED
     assert result.rounds == 1
     assert result.metadata.control_passed and result.metadata.cross_hits == 1
     assert result.decision.exit_code == 1
@@ -36,7 +36,7 @@ async def test_pooled_cache_is_shared_by_the_counter_after_one_round() -> None:
 async def test_pooled_cache_is_shared_by_timing_alone_within_20_per_arm() -> None:
     for seed in range(5):
         result = await probe(SimEndpoint(scope=pooled, report=False), seed=seed)
-        assert result.decision.verdict is Verdict.SHARED
+        assert result.decision.outcome is Outcome.SHARED
         assert not result.metadata.available
         assert result.timing.shared and result.rounds <= 20
 
@@ -44,14 +44,14 @@ async def test_pooled_cache_is_shared_by_timing_alone_within_20_per_arm() -> Non
 async def test_timing_only_ignores_the_counter() -> None:
     config = ProbeConfig(letters=96, partial_letters=32, budget=40, use_metadata=False)
     result = await probe(SimEndpoint(scope=pooled), config)
-    assert result.decision.verdict is Verdict.SHARED
+    assert result.decision.outcome is Outcome.SHARED
     assert result.timing.shared and not result.metadata.available
     assert result.rounds >= 15  # the counter would have said so after one round
 
 
 async def test_separate_caches_are_isolated_with_control_and_power() -> None:
     result = await probe(SimEndpoint())
-    assert result.decision.verdict is Verdict.ISOLATED
+    assert result.decision.outcome is Outcome.ISOLATED
     assert result.rounds == SMALL.budget  # isolation is only claimed at the full budget
     assert result.metadata.control_passed and result.timing.control_passed
     power = result.decision.timing_power
@@ -67,14 +67,14 @@ async def test_separate_caches_are_isolated_with_control_and_power() -> None:
 
 async def test_isolated_without_a_counter_says_timing_only() -> None:
     result = await probe(SimEndpoint(report=False))
-    assert result.decision.verdict is Verdict.ISOLATED
+    assert result.decision.outcome is Outcome.ISOLATED
     assert any("timing only" in reason for reason in result.decision.reasons)
 
 
 @pytest.mark.parametrize("report", [True, False])
 async def test_caching_off_is_inconclusive_and_spends_no_cross_rounds(report: bool) -> None:
     result = await probe(SimEndpoint(SimCache(caching=False), report=report))
-    assert result.decision.verdict is Verdict.INCONCLUSIVE
+    assert result.decision.outcome is Outcome.INCONCLUSIVE
     assert result.decision.exit_code == 2
     assert "positive control failed" in result.decision.reasons[0]
     assert result.rounds == 0
@@ -83,12 +83,12 @@ async def test_caching_off_is_inconclusive_and_spends_no_cross_rounds(report: bo
 async def test_prompts_shorter_than_a_block_are_inconclusive() -> None:
     sim = SimEndpoint(SimCache(block=256, template=0))
     result = await probe(sim, ProbeConfig(letters=96, partial_letters=32, budget=40))
-    assert result.decision.verdict is Verdict.INCONCLUSIVE
+    assert result.decision.outcome is Outcome.INCONCLUSIVE
 
 
 async def test_too_small_a_budget_is_inconclusive_and_names_one_that_would_do() -> None:
     result = await probe(SimEndpoint(report=False), ProbeConfig(letters=96, budget=20))
-    assert result.decision.verdict is Verdict.INCONCLUSIVE
+    assert result.decision.outcome is Outcome.INCONCLUSIVE
     power = result.decision.timing_power
     assert power is not None and power.power < 0.9 and power.budget_needed is not None
     assert f"--budget {power.budget_needed}" in result.decision.reasons[0]
@@ -104,7 +104,7 @@ async def test_partial_arm_catches_a_server_that_shares_only_short_prefixes() ->
             return own_ttft, max(own, min(cached, 2 * self.block)), prompt
 
     result = await probe(SimEndpoint(ShortPrefixesShared()))
-    assert result.decision.verdict is Verdict.SHARED
+    assert result.decision.outcome is Outcome.SHARED
     assert result.metadata.partial_hits >= 1
 
 
@@ -126,7 +126,7 @@ async def test_whole_procedure_false_shared_rate_within_alpha() -> None:
     for seed in range(runs):
         sim = SimEndpoint(SimCache(block=8, template=0, rng=random.Random(seed)))
         result = await probe(sim, FAST_NULL, seed)
-        shared += result.decision.verdict is Verdict.SHARED
+        shared += result.decision.outcome is Outcome.SHARED
         tested += result.rounds > 0
     assert tested >= 0.95 * runs  # the control passed: these runs really tested B
     assert shared / runs <= 0.05
@@ -137,5 +137,5 @@ async def test_the_false_shared_check_can_fail() -> None:
     shared = 0
     for seed in range(20):
         sim = SimEndpoint(SimCache(block=8, template=0, rng=random.Random(seed)), scope=pooled)
-        shared += (await probe(sim, FAST_NULL, seed)).decision.verdict is Verdict.SHARED
+        shared += (await probe(sim, FAST_NULL, seed)).decision.outcome is Outcome.SHARED
     assert shared >= 19

@@ -12,7 +12,7 @@ from backend.model.load import LoadedModel
 from kvfence.probe.cli import probe
 from kvfence.probe.client import Endpoint, Identity
 from kvfence.probe.method import ProbeConfig
-from kvfence.probe.verdict import Verdict
+from kvfence.probe.outcome import Outcome
 from tests.e2e.stack import Keys, make_backend, make_keys, running_stack
 from tests.probe.namespace_proxy import NAMESPACE_HEADER, backend_behind_proxy
 
@@ -41,7 +41,7 @@ async def test_one_namespace_is_shared_with_a_passing_control(
 ) -> None:
     async with backend_behind_proxy(smollm2, keys) as url:
         result = await probe(Endpoint(url, smollm2.name), raw("A", "one"), raw("B", "one"), QUICK)
-    assert result.decision.verdict is Verdict.SHARED
+    assert result.decision.outcome is Outcome.SHARED
     assert result.metadata.control_passed
     assert result.metadata.cross_hits >= 1 and result.rounds == 1
 
@@ -49,7 +49,7 @@ async def test_one_namespace_is_shared_with_a_passing_control(
 async def test_two_namespaces_are_isolated(smollm2: LoadedModel, keys: Keys) -> None:
     async with backend_behind_proxy(smollm2, keys) as url:
         result = await probe(Endpoint(url, smollm2.name), raw("A", "one"), raw("B", "two"), QUICK)
-    assert result.decision.verdict is Verdict.ISOLATED, result.decision.reasons
+    assert result.decision.outcome is Outcome.ISOLATED, result.decision.reasons
     assert result.metadata.control_passed
     assert result.rounds == QUICK.budget and result.metadata.cross_hits == 0
 
@@ -61,7 +61,7 @@ async def test_two_tenants_behind_the_gateway_are_isolated(
         a = Identity("A", key=keys.api_keys["acme"])
         b = Identity("B", key=keys.api_keys["globex"])
         result = await probe(Endpoint(stack.url, smollm2.name), a, b, QUICK)
-    assert result.decision.verdict is Verdict.ISOLATED, result.decision.reasons
+    assert result.decision.outcome is Outcome.ISOLATED, result.decision.reasons
     assert result.metadata.control_passed
 
 
@@ -71,6 +71,6 @@ async def test_an_endpoint_that_never_hits_is_inconclusive(
     """A new namespace for every request and no usage: no cache signal at all."""
     async with backend_behind_proxy(smollm2, keys, fresh=True, strip_usage=True) as url:
         result = await probe(Endpoint(url, smollm2.name), raw("A", "one"), raw("B", "one"), QUICK)
-    assert result.decision.verdict is Verdict.INCONCLUSIVE
+    assert result.decision.outcome is Outcome.INCONCLUSIVE
     assert not result.metadata.available and not result.timing.control_passed
     assert result.rounds == 0
