@@ -65,6 +65,12 @@ return 1
 """
 
 
+def admit_args(limits: TenantLimits, token: str, lease_s: float) -> list[str | float]:
+    """`_ADMIT`'s ARGV for one request under `limits` (a tenant without a rate has no burst)."""
+    burst = limits.burst if limits.requests_per_s else 1e18
+    return [limits.requests_per_s, burst, limits.concurrent, limits.tokens_per_min, token, lease_s]
+
+
 class RedisLimits:
     def __init__(self, store: SharedStore) -> None:
         self.store = store
@@ -78,16 +84,7 @@ class RedisLimits:
         """Take one request's allowance: (its lease token, None), or (_, why not). Raises
         `SharedUnavailable` when Redis cannot answer."""
         token = os.urandom(12).hex()
-        rps, lease = limits.requests_per_s, self.store.settings.lease_s
-        burst = limits.burst if rps else 1e18
-        args: list[str | float] = [
-            rps,
-            burst,
-            limits.concurrent,
-            limits.tokens_per_min,
-            token,
-            lease,
-        ]
+        args = admit_args(limits, token, self.store.settings.lease_s)
         reason, wait = await self.store.call(
             "admit", self._admit(keys=self._keys(tenant), args=args)
         )
