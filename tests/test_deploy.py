@@ -17,7 +17,7 @@ import yaml
 from gateway.policy.load import load_policy
 from gateway.policy.model import OnSharedFailure, Policy
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
 COMPOSE = ROOT / "deploy" / "compose.fleet.yml"
 K8S_VERSION = "1.30.0"
@@ -91,7 +91,7 @@ def test_only_the_gateway_reaches_backends_and_redis(component: str) -> None:
 
 def _rebased(text: str, tmp_path: Path) -> Path:
     """The policy with every secret file replaced by a local one (keys that load)."""
-    from tests.e2e.stack import make_keys
+    from tests.kit.stack import make_keys
 
     keys = make_keys(tmp_path)
     files = {

@@ -27,8 +27,8 @@ from kvfence.handle import HANDLE_HEADER, HANDLE_PREFIX, HandleSigner
 from kvfence.keyfile import b64url_decode, generate_key
 from kvfence.token import sign_token
 from kvfence.verdict import Verdict
-from tests.backend.server_kit import Kit, make_kit
-from tests.polling import until
+from tests.kit.backend_server import Kit, make_kit
+from tests.kit.polling import until
 
 Client = TestClient[web.Request, web.Application]
 MakeClient = Callable[[web.Application], Awaitable[Client]]

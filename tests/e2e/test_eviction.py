@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from backend.model.load import LoadedModel
-from tests.e2e.stack import Stack, make_backend, make_keys, running_stack
+from tests.kit.stack import Stack, make_backend, make_keys, running_stack
 
 pytestmark = pytest.mark.slow
 PROMPT = "Refunds for damaged pallets: the full policy, word for word. " * 2

@@ -23,8 +23,7 @@ from gateway.fleet.metrics import FleetMetrics
 from gateway.fleet.store import SharedStore
 from gateway.metrics import Metrics
 from gateway.policy.load import load_policy
-from tests.e2e.stack import Keys, make_keys
-from tests.fleet.processes import (
+from tests.kit.fleet_processes import (
     Backend,
     GatewayReplica,
     fleet_policy,
@@ -33,8 +32,9 @@ from tests.fleet.processes import (
     start_backend,
     wait_ready,
 )
-from tests.fleet.redis_server import RedisServer, free_port, need_redis
-from tests.polling import until
+from tests.kit.polling import until
+from tests.kit.redis_server import RedisServer, free_port, need_redis
+from tests.kit.stack import Keys, make_keys
 
 pytestmark = pytest.mark.slow
 PROMPT = " ".join(f"Fact {i}: the fleet keeps each namespace on one replica." for i in range(8))

@@ -20,7 +20,7 @@ from backend.model.load import LoadedModel
 from kvfence.attestation import ATTESTATION_HEADER, AttestationVerifier
 from kvfence.handle import HANDLE_HEADER
 from kvfence.keyfile import TrustStore
-from tests.e2e.stack import Keys, Stack, make_backend, make_keys, running_stack, serve
+from tests.kit.stack import Keys, Stack, make_backend, make_keys, running_stack, serve
 
 
 @dataclass

@@ -19,8 +19,8 @@ from kvfence.attestation import ATTESTATION_HEADER, AttestationSigner
 from kvfence.cli import main as kvfence_main
 from kvfence.handle import HANDLE_HEADER, HandleSigner, HandleVerifier
 from kvfence.keyfile import TrustStore, generate_key, load_private_key
-from tests.e2e.stack import AUDIENCE, Keys, Stack, make_backend, make_keys, running_stack
-from tests.polling import until
+from tests.kit.polling import until
+from tests.kit.stack import AUDIENCE, Keys, Stack, make_backend, make_keys, running_stack
 
 PROMPT = "the quick brown fox jumps over the lazy dog, " * 3  # several 16-token blocks
 

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from kvfence.logs import REDACTED, JsonFormatter, is_credential_header, redact_headers
-from tests.gateway.conftest import KEYS, Gateway
+from tests.kit.gateway import KEYS, Gateway
 
 CREDENTIAL_HEADERS = [
     "Authorization",

@@ -18,7 +18,7 @@ from kvfence.probe.client import Endpoint, Identity
 from kvfence.probe.method import ProbeConfig
 from kvfence.probe.outcome import Outcome
 from tests.fakes.salt_dropping_proxy import RewritingProxy
-from tests.interop.vllm_server import SERVED_MODEL
+from tests.kit.vllm_server import SERVED_MODEL
 
 pytestmark = pytest.mark.vllm
 

@@ -15,9 +15,9 @@ import aiohttp
 import orjson
 
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import ENV, KEYS, policy_text
-from tests.hardening.tamper import SECRET
-from tests.polling import until
+from tests.kit.gateway import ENV, KEYS, policy_text
+from tests.kit.polling import until
+from tests.kit.tamper import SECRET
 
 
 def gateway_policy(tmp_path: Path, upstream: FakeUpstream, anchor: bool = True) -> Path:

@@ -19,7 +19,7 @@ from backend.worker import EngineWorker
 from kvfence.attestation import AttestationSigner, AttestationVerifier
 from kvfence.handle import HANDLE_HEADER, HandleSigner, HandleVerifier
 from kvfence.keyfile import TrustStore, generate_key
-from tests.backend.leaky_engine import LeakyEngine
+from tests.kit.leaky_engine import LeakyEngine
 
 AUDIENCE = "backend-test"
 

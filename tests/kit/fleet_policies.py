@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.gateway.conftest import policy_text
+from tests.kit.gateway import policy_text
 
 
 def replica(name: str, url: str, extra: str = "", kind: str = "vllm") -> str:

@@ -1,6 +1,6 @@
 """A fleet on loopback, as processes: our backends (`kvfence backend`, the real SmolLM2, small KV
 pools), gateway replicas (`kvfence gateway`) sharing one real redis-server, and what their
-admin listeners say. Used by tests/fleet/test_fleet.py and bench/fleet_routing.py."""
+admin listeners say. Used by tests/e2e/test_fleet.py and bench/fleet_routing.py."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvfence.apikey import key_digest
-from tests.e2e.stack import PEPPER, Keys
-from tests.fleet.redis_server import free_port
-from tests.polling import until_sync
+from tests.kit.polling import until_sync
+from tests.kit.redis_server import free_port
+from tests.kit.stack import PEPPER, Keys
 
 _REQUESTS = re.compile(r"^kvfence_gateway_requests_total\{([^}]*)\} (\S+)$", re.M)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -157,7 +157,7 @@ def new_replica(folder: Path) -> GatewayReplica:
 
 @contextlib.contextmanager
 def gateway_replicas(replicas: list[GatewayReplica]) -> Iterator[list[GatewayReplica]]:
-    from tests.interop.gateway_process import gateway_process
+    from tests.kit.gateway_process import gateway_process
 
     with contextlib.ExitStack() as stack:
         for replica in replicas:

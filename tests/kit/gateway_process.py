@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.polling import until_sync
+from tests.kit.polling import until_sync
 
 
 def _ready(url: str) -> bool:

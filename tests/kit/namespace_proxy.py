@@ -15,8 +15,8 @@ import orjson
 from backend.model.load import LoadedModel
 from kvfence.handle import HANDLE_HEADER, HandleSigner
 from kvfence.keyfile import load_private_key
-from tests.e2e.stack import AUDIENCE, Keys, make_backend, serve
 from tests.fakes.salt_dropping_proxy import Rewrite, RewritingProxy
+from tests.kit.stack import AUDIENCE, Keys, make_backend, serve
 
 NAMESPACE_HEADER = "x-probe-namespace"
 

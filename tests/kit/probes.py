@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.gateway.conftest import KEYS
+from tests.kit.gateway import KEYS
 
 KEY = KEYS["acme"].encode()
 INNER = b'{"model":"smollm2","messages":[{"role":"user","content":"smuggled"}]}'

@@ -33,7 +33,7 @@ from kvfence.keyfile import (
     load_private_key,
     write_private_key,
 )
-from tests.backend.leaky_engine import LeakyEngine
+from tests.kit.leaky_engine import LeakyEngine
 
 AUDIENCE = "backend-e2e"
 PEPPER = "e2e-pepper-0123456789abcdef"
@@ -116,7 +116,7 @@ def make_backend(
     leak_into: Callable[[Sequence], bool] | None = None,
 ) -> web.Application:
     """Our backend app; `leaky` swaps in the test double that maps a foreign block into new
-    requests (tests/backend/leaky_engine.py), or only into those `leak_into` picks."""
+    requests (tests/kit/leaky_engine.py), or only into those `leak_into` picks."""
     return backend_and_runner(loaded, keys, leaky=leaky, blocks=blocks, leak_into=leak_into)[0]
 
 

@@ -1,5 +1,5 @@
 """The tamper kinds an operator with write access to the log's folder could try, as functions
-over a built log; shared by tests/hardening/test_audit_tamper.py and bench/hardening_tamper.py
+over a built log; shared by tests/gateway/audit/chain/test_audit_tamper.py and bench/hardening.py
 (which also runs them against an older checkout's writer and verifier).
 
 A built log: 49 records over two rotated files and the active file, written in two

@@ -21,7 +21,7 @@ from gateway.server import bound_port, start, start_admin
 from gateway.verify.service import VERIFY
 from gateway.verify.watch import WATCH
 from kvfence.apikey import key_digest, mint_key
-from tests.interop.vllm_server import MODEL_DIR, SERVED_MODEL
+from tests.kit.vllm_server import MODEL_DIR, SERVED_MODEL
 
 PEPPER = "verify-pepper-0123456789"
 ADMIN_TOKEN = "admin-token-0123456789abcdef"

@@ -3,19 +3,64 @@ with their own system prompts, multi-turn conversations that send the model's an
 exact repeats, the same text sent by two tenants, users and sessions, streamed and not.
 
 Honest means no request ever tries to reach another namespace: every verdict it gets must be
-clean of violations. Seeded, so a failure replays.
+clean of violations. Seeded, so a failure replays. With it, the gateway policy it runs under
+(in front of a real vLLM) and its tenants' keys.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
+
+from kvfence.apikey import key_digest, mint_key
+from tests.kit.vllm_server import MODEL_DIR, SERVED_MODEL
+
+PEPPER = "honest-pepper-0123456789"
+ENV = {"NS_KEY": "honest-namespace-key-0123456789abcdef", "PEPPER": PEPPER}
+SCOPES = {"acme": "tenant", "globex": "tenant", "initech": "user", "umbrella": "session"}
+
+
+def policy(vllm: str, state: Path, port: int, admin: int, max_age: int) -> str:
+    tenants = "".join(
+        f'\n  - {{id: {t}, api_keys: ["{key_digest(PEPPER.encode(), KEYS[t])}"], '
+        f"scope: {scope}, models: [{SERVED_MODEL}]}}"
+        for t, scope in SCOPES.items()
+    )
+    return (
+        textwrap.dedent(f"""\
+        version: 1
+        gateway:
+          listen: {{host: 127.0.0.1, port: {port}}}
+          admin: {{host: 127.0.0.1, port: {admin}}}
+          state_dir: {state}
+          history: {{block_max_age_s: {max_age}}}
+          namespace_keys: [{{id: ns1, secret: {{env: NS_KEY}}, active: true}}]
+          api_key_pepper: {{env: PEPPER}}
+          timeouts: {{connect_s: 5, first_byte_s: 300, idle_s: 120}}
+          access_log: false
+        backends:
+          - name: vllm
+            kind: vllm
+            url: {vllm}
+            verify:
+              canary: {{interval_s: 3600, prompt_tokens: 300}}
+              detective: {{tokenizer: {MODEL_DIR}, block_size: 128}}
+            models: [{{name: {SERVED_MODEL}, revision: "1"}}]
+        tenants:""")
+        + tenants
+        + "\n"
+    )
+
+
+KEYS = {t: mint_key() for t in SCOPES}
 
 WORDS = (
     "parcel",

@@ -14,8 +14,8 @@ from backend.engine.plan import PrefillPolicy, SamplingParams
 from backend.engine.pool_check import IntegrityError
 from backend.engine.scheduler import OverCapacity
 from kvfence.capability import Namespace, _mint
-from tests.backend.fake_runner import FakeRunner
-from tests.backend.leaky_engine import LeakyEngine
+from tests.backend.engine.fake_runner import FakeRunner
+from tests.kit.leaky_engine import LeakyEngine
 
 A = _mint("tenant-a")
 B = _mint("tenant-b")

@@ -18,7 +18,7 @@ from backend.engine.scheduler import OverCapacity
 from backend.engine.sequence import Segment
 from kvfence.capability import Namespace, _mint
 from kvfence.public import PUBLIC_GROUP
-from tests.backend.fake_runner import FakeRunner
+from tests.backend.engine.fake_runner import FakeRunner
 
 A = _mint("tenant-a", "group-a", 0.25, 0.0)
 B = _mint("tenant-b", "group-b", 0.25, 0.0)

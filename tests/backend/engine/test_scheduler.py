@@ -11,7 +11,7 @@ from backend.engine.plan import PrefillPolicy, SamplingParams, StepPlan
 from backend.engine.scheduler import OverCapacity, Scheduler
 from backend.engine.sequence import Sequence, SequenceStatus
 from kvfence.capability import Namespace, _mint
-from tests.backend.fake_runner import FakeRunner
+from tests.backend.engine.fake_runner import FakeRunner
 
 A = _mint("tenant-a")
 B = _mint("tenant-b")

@@ -13,7 +13,7 @@ import torch
 
 from backend.model.precision import Hardware, choose_dtype, cpu_flags
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 # AMD EPYC (Zen 4): AVX-512 with BF16; torch 2.13 reports AVX512 kernels and native oneDNN bf16.
 BF16_FLAGS = frozenset({"avx2", "avx512f", "avx512_bf16"})
 NATIVE_BF16 = Hardware("cpu", BF16_FLAGS, True, None, "AVX512")

@@ -2,7 +2,7 @@
 
 from gateway.policy.load import parse_policy
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import ENV, policy_text, run_gateway
+from tests.kit.gateway import ENV, policy_text, run_gateway
 
 MSG = [{"role": "user", "content": "hi"}]
 

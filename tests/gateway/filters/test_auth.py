@@ -3,7 +3,7 @@
 import pytest
 
 from kvfence.apikey import mint_key
-from tests.gateway.conftest import KEYS, Gateway
+from tests.kit.gateway import KEYS, Gateway
 
 MSG = [{"role": "user", "content": "hi"}]
 

@@ -19,8 +19,8 @@ from gateway.inputs.allowlist import prune
 from gateway.policy.load import parse_policy
 from gateway.policy.node import PolicyError
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import ENV, KEYS, Gateway, policy_text, run_gateway
-from tests.hardening.probes import FORWARDED_BEFORE, OPENAI_KEPT, chat_body
+from tests.kit.gateway import ENV, KEYS, Gateway, policy_text, run_gateway
+from tests.kit.probes import FORWARDED_BEFORE, OPENAI_KEPT, chat_body
 
 CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 
@@ -173,7 +173,7 @@ def test_the_lists_keep_their_invariant() -> None:
 
 
 def test_docs_list_every_field_the_code_knows() -> None:
-    text = (Path(__file__).parents[2] / "docs" / "policy.md").read_text()
+    text = (Path(__file__).parents[3] / "docs" / "policy.md").read_text()
     section = text[text.index("## The body allowlist") : text.index("## `tenants[]`")]
     listed = set(re.findall(r"`([a-z_.]+)`", section))
     known = set().union(*fields.OPENAI.values(), *fields.ALLOWABLE.values(), fields.NEVER)

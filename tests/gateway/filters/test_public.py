@@ -16,7 +16,7 @@ from gateway.policy.tenant_model import PublicPrefix
 from gateway.server import bound_port, start_admin
 from kvfence.public import chat_digest, text_digest
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import ENV, Gateway, policy_text, run_gateway
+from tests.kit.gateway import ENV, Gateway, policy_text, run_gateway
 
 SYSTEM = "You are the support assistant of a large bookshop."
 PUBLIC = f"""\

@@ -7,7 +7,7 @@ from multidict import CIMultiDict
 
 from gateway.policy.runtime import Runtime
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import KEYS, Gateway, make_policy, run_gateway
+from tests.kit.gateway import KEYS, Gateway, make_policy, run_gateway
 
 MSG = [{"role": "user", "content": "hi"}]
 

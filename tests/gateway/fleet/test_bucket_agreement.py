@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from gateway.fleet.limits import _ADMIT, _RELEASE, admit_args
 from gateway.fleet.local_limits import SharedLimits
 from gateway.policy.tenant_model import TenantLimits
-from tests.fleet.redis_server import RedisServer
+from tests.kit.redis_server import RedisServer
 
 START = 1_000_000.0
 LEASE_S = 3600.0  # longer than any schedule: no in-flight entry expires mid-run

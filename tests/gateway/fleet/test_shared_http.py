@@ -17,10 +17,10 @@ from gateway.policy.load import parse_policy
 from gateway.verify.service import VERIFY
 from gateway.verify.watch import WATCH
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.fleet.policies import fleet_policy_text, replica
-from tests.fleet.redis_server import RedisServer
-from tests.gateway.conftest import ENV, Gateway, run_gateway
-from tests.polling import until
+from tests.kit.fleet_policies import fleet_policy_text, replica
+from tests.kit.gateway import ENV, Gateway, run_gateway
+from tests.kit.polling import until
+from tests.kit.redis_server import RedisServer
 
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
 

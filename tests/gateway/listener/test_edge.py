@@ -15,8 +15,8 @@ import pytest
 
 from gateway.listener.edge import RateLimitedLog
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import KEYS, Gateway, make_policy, run_gateway
-from tests.hardening.probes import AUTH, CHUNKED, REFUSED, SMUGGLED, head, post
+from tests.kit.gateway import KEYS, Gateway, make_policy, run_gateway
+from tests.kit.probes import AUTH, CHUNKED, REFUSED, SMUGGLED, head, post
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import asyncio
 
 from gateway.policy.load import parse_policy
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import ENV, KEYS, Gateway, policy_text, run_gateway
+from tests.kit.gateway import ENV, KEYS, Gateway, policy_text, run_gateway
 
 
 async def _connect(gw: Gateway) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

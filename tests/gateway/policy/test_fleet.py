@@ -8,8 +8,8 @@ import pytest
 from gateway.policy.load import parse_policy
 from gateway.policy.model import OnSharedFailure, RoutingStrategy
 from gateway.policy.node import PolicyError
-from tests.fleet.policies import fleet_policy_text, replica
-from tests.gateway.conftest import ENV
+from tests.kit.fleet_policies import fleet_policy_text, replica
+from tests.kit.gateway import ENV
 
 A, B = "http://127.0.0.1:9001", "http://127.0.0.1:9002"
 

@@ -15,9 +15,9 @@ from gateway.policy.load import load_policy
 from gateway.policy.node import PolicyError
 from kvfence.cli import main as kvfence_main
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import ENV, Gateway, make_policy, policy_text, run_gateway
-from tests.hardening.probes import BAD_POLICY_CONTENT
-from tests.polling import until
+from tests.kit.gateway import ENV, Gateway, make_policy, policy_text, run_gateway
+from tests.kit.polling import until
+from tests.kit.probes import BAD_POLICY_CONTENT
 
 MSG = [{"role": "user", "content": "hi"}]
 BAD_CONTENT = BAD_POLICY_CONTENT

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.policy.load import parse_policy
 from tests.fakes.raw_upstream import RawUpstream
-from tests.gateway.conftest import ENV, Gateway, policy_text, run_gateway
+from tests.kit.gateway import ENV, Gateway, policy_text, run_gateway
 
 AUDIT_KEY = "audit-key-0123456789abcdef"
 # (mode, streamed?, status the client sees, the record's reason)

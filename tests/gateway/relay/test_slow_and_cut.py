@@ -14,8 +14,8 @@ import pytest
 
 from gateway.policy.load import parse_policy
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import ENV, KEYS, policy_text, run_gateway
-from tests.polling import until
+from tests.kit.gateway import ENV, KEYS, policy_text, run_gateway
+from tests.kit.polling import until
 
 AUDIT_KEY = "audit-key-0123456789abcdef"
 

@@ -6,7 +6,7 @@ import aiohttp
 import pytest
 
 from tests.fakes.openai_upstream import CACHED_TOKENS, sse_events
-from tests.gateway.conftest import Gateway
+from tests.kit.gateway import Gateway
 
 MSG = [{"role": "user", "content": "hi"}]
 STREAM = {"model": "smollm2", "messages": MSG, "stream": True}

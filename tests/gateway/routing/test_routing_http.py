@@ -15,8 +15,8 @@ from gateway.routing.replicas import REPLICAS
 from gateway.server import bound_port, start_admin
 from gateway.verify.watch import WATCH
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.fleet.policies import fleet_policy_text, replica
-from tests.gateway.conftest import ENV, Gateway, run_gateway
+from tests.kit.fleet_policies import fleet_policy_text, replica
+from tests.kit.gateway import ENV, Gateway, run_gateway
 
 USERS = [f"user-{i}" for i in range(12)]
 

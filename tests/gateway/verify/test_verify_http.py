@@ -23,8 +23,8 @@ from gateway.server import bound_port, start, start_admin
 from gateway.verify.service import VERIFY
 from kvfence.cli import main as kvfence_main
 from tests.fakes.cache_server import CacheServer
-from tests.gateway.conftest import ENV, KEYS, digest
-from tests.polling import until
+from tests.kit.gateway import ENV, KEYS, digest
+from tests.kit.polling import until
 
 TOKEN = "admin-token-0123456789abcdef"
 CANARY = "{canary: {interval_s: 3600, prompt_tokens: 64}}"

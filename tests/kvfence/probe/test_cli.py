@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.probe.sim import SimCache, SimServer
+from tests.kvfence.probe.sim import SimCache, SimServer
 
 KEY_A, KEY_B = "sk-alpha-0123456789", "sk-beta-9876543210"
 

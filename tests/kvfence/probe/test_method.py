@@ -13,7 +13,7 @@ from kvfence.probe.method import ProbeConfig, ProbeResult, run_probe
 from kvfence.probe.outcome import Outcome
 from kvfence.probe.prompts import PromptFactory
 from kvfence.probe.rounds import Arm, Phase
-from tests.probe.sim import SimCache, SimEndpoint, pooled
+from tests.kvfence.probe.sim import SimCache, SimEndpoint, pooled
 
 A, B = Identity("A", key="sk-a"), Identity("B", key="sk-b")
 SMALL = ProbeConfig(letters=96, partial_letters=32, budget=40, control_rounds=10)

@@ -13,8 +13,8 @@ from kvfence.probe.cli import probe
 from kvfence.probe.client import Endpoint, Identity
 from kvfence.probe.method import ProbeConfig
 from kvfence.probe.outcome import Outcome
-from tests.e2e.stack import Keys, make_backend, make_keys, running_stack
-from tests.probe.namespace_proxy import NAMESPACE_HEADER, backend_behind_proxy
+from tests.kit.namespace_proxy import NAMESPACE_HEADER, backend_behind_proxy
+from tests.kit.stack import Keys, make_backend, make_keys, running_stack
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from kvfence.probe.progress import ProgressBar
 from kvfence.probe.prompts import PromptFactory
 from kvfence.probe.report import summary, to_json
 from kvfence.probe.rounds import Phase
-from tests.probe.sim import SimEndpoint, pooled
+from tests.kvfence.probe.sim import SimEndpoint, pooled
 
 KEY = "sk-secret-key-000111222"
 A = Identity("A", key=KEY, headers=(("X-End-User", "alice-secret"),))

@@ -22,10 +22,10 @@ from gateway.audit.chain.format import mac_key
 from gateway.audit.chain.log import AuditLocked, AuditLog, AuditWriteError
 from gateway.audit.chain.verify import verify_chain
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import ENV
-from tests.hardening.procs import chat, command, free_port, gateway_policy, gone, launch
-from tests.hardening.tamper import SECRET, record
-from tests.polling import until, until_sync
+from tests.kit.audit_processes import chat, command, free_port, gateway_policy, gone, launch
+from tests.kit.gateway import ENV
+from tests.kit.polling import until, until_sync
+from tests.kit.tamper import SECRET, record
 
 KEY = mac_key(SECRET)
 

@@ -1,4 +1,4 @@
-"""Every tamper kind in tests/hardening/tamper.py, tried on a log of two rotated files and an
+"""Every tamper kind in tests/kit/tamper.py, tried on a log of two rotated files and an
 active one: with the anchor (kept outside the log's folder) `kvfence audit verify` finds every
 one; without it, everything but a rollback of file and checkpoint together. The README's one
 command checks every file; a wrong key is told apart from tampering."""
@@ -13,7 +13,7 @@ import pytest
 from gateway.audit.chain.format import mac_key
 from gateway.audit.chain.verify import AuditVerifyError, WrongKey, verify_chain
 from gateway.audit.cli import configure, main
-from tests.hardening.tamper import ACTIVE, KINDS, ROTATED, SECRET, build
+from tests.kit.tamper import ACTIVE, KINDS, ROTATED, SECRET, build
 
 KEY = mac_key(SECRET)
 
