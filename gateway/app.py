@@ -1,8 +1,8 @@
 """The gateway application: routes, the filter chain, error mapping, metrics and access log.
 
-Invariant: every proxied request passes authn -> body -> route -> scrub -> allowlist ->
-namespace -> replica -> public -> adapter before the proxy (through failover), against one
-policy snapshot; any other path answers 404.
+Invariant: every proxied request passes authn -> limit -> body -> route -> scrub -> allowlist ->
+namespace -> replica -> public -> adapter before the terminal step (`routing.failover`, which
+relays it), against one policy snapshot; any other path answers 404.
 """
 
 from __future__ import annotations
