@@ -91,6 +91,7 @@ class Exchange:
         "_request",
         "_scan",
         "_suspect",
+        "_timing",
         "_usage",
         "_withheld",
         "answer",
@@ -103,6 +104,7 @@ class Exchange:
 
     def __init__(self, request: web.Request, verification: Verification) -> None:
         self._request = request
+        self._timing = request[TIMING]
         self.ctx = _context(request)
         self.attested = self.ctx.attested
         self.answer = Answer()
@@ -158,7 +160,7 @@ class Exchange:
         on, with `headers`."""
         if self.attested:
             if event is not None:
-                self._request[TIMING].first_event = time.perf_counter()
+                self._timing.first_event = time.perf_counter()
             token, self.first = split_attestation_event(event) if event is not None else (None, b"")
             self.answer.attestations.append(token)
         self._usage = UsageScanner(drop_usage=self._request[DROP_USAGE])
@@ -177,9 +179,8 @@ class Exchange:
         assert self._usage is not None, "events follow the head"
         out = self._usage.feed(chunk) if chunk else b""
         if out:
-            timing = self._request[TIMING]
-            if not timing.first_event:
-                timing.first_event = time.perf_counter()
+            if not self._timing.first_event:
+                self._timing.first_event = time.perf_counter()
             scan = self._scan
             scan.events(out)
             if scan.markers or scan.late_attestations:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.inputs.allowlist import enforce
+from gateway.inputs.allowlist import account, prune
 from gateway.metrics import METRICS
 from gateway.policy.model import UnknownFieldMode
 from gateway.state import BODY, ROUTE, RUNTIME
@@ -16,12 +16,7 @@ from gateway.state import BODY, ROUTE, RUNTIME
 
 async def allow_fields(request: web.Request) -> None:
     backend = request[ROUTE].backend
-    reject = request[RUNTIME].policy.gateway.unknown_fields is UnknownFieldMode.REJECT
-    enforce(
-        request.path,
-        request[BODY],
-        backend.name,
-        backend.extra_fields,
-        reject,
-        request.app[METRICS],
-    )
+    dropped = prune(request.path, request[BODY], backend.extra_fields)
+    if dropped:  # the policy's mode matters only then
+        reject = request[RUNTIME].policy.gateway.unknown_fields is UnknownFieldMode.REJECT
+        account(dropped, backend.name, reject, request.app[METRICS])

@@ -126,8 +126,12 @@ def enforce(
     """Prune `body` for `backend`, allowed `extras`; count every dropped field, and with
     `reject` refuse the request (UnknownField) instead of forwarding it without them."""
     dropped = prune(path, body, extras)
-    if not dropped:
-        return
+    if dropped:
+        account(dropped, backend, reject, metrics)
+
+
+def account(dropped: list[str], backend: str, reject: bool, metrics: Metrics) -> None:
+    """Count the fields `prune` dropped; with `reject`, refuse the request (UnknownField)."""
     action = "reject" if reject else "drop"
     for name in dropped:
         metrics.child(metrics.unknown_fields, backend, label(name), action).inc()
