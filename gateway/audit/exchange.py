@@ -55,27 +55,12 @@ from gateway.verify.scan import AnswerScan
 from gateway.verify.service import VERIFY, Verification
 
 log = logging.getLogger("kvfence.gateway.proxy")
+_NONE: Final[frozenset[str]] = frozenset()  # no public part: nearly every request
 CLIENT_CLOSED: Final = 499  # the status recorded when the client leaves mid-stream
 _LEFT: Final = {
     "client_closed": "client closed the stream",
     "client_stalled": "client stopped reading; stream cut",
 }
-
-
-def _context(request: web.Request) -> AuditContext:
-    route = request[ROUTE]
-    return AuditContext(
-        request_id=request[REQUEST_ID],
-        tenant=request[TENANT].id,
-        model=route.model.name,
-        backend=route.backend,
-        upstream_id=request[UPSTREAM_HEADERS]["x-request-id"],
-        namespace=request[NAMESPACE],
-        verifier=request[RUNTIME].attestations.get(route.backend.name),
-        health=request.app[VERIFY].health.get(route.backend.name),
-        now=time.time(),
-        public=frozenset(part.namespace for part in request.get(PUBLIC, ())),
-    )
 
 
 class Exchange:
@@ -105,7 +90,19 @@ class Exchange:
     def __init__(self, request: web.Request, verification: Verification) -> None:
         self._request = request
         self._timing = request[TIMING]
-        self.ctx = _context(request)
+        route, parts = request[ROUTE], request.get(PUBLIC, ())
+        self.ctx = AuditContext(
+            request_id=request[REQUEST_ID],
+            tenant=request[TENANT].id,
+            model=route.model.name,
+            backend=route.backend,
+            upstream_id=request[UPSTREAM_HEADERS]["x-request-id"],
+            namespace=request[NAMESPACE],
+            verifier=request[RUNTIME].attestations.get(route.backend.name),
+            health=verification.health.get(route.backend.name),
+            now=time.time(),
+            public=frozenset(part.namespace for part in parts) if parts else _NONE,
+        )
         self.attested = self.ctx.attested
         self.answer = Answer()
         self.judgement = UNATTESTED
@@ -152,7 +149,12 @@ class Exchange:
             answer.plain_error = is_plain_error(body)
         self._scan.body(body, parsed)
         self._finish()
-        return await self._settle(self._judge())
+        self.judgement = judgement = judge(self.ctx, answer)
+        self.headers = {
+            "x-request-id": self.ctx.request_id,
+            VERDICT_HEADER: judgement.verdict.value,
+        }
+        return await settle(self._request, self.ctx, answer, judgement)
 
     async def head(self, event: bytes | None) -> web.Response | None:
         """A stream's first event (None: it never completed), read only when `attested`.
@@ -164,9 +166,13 @@ class Exchange:
             token, self.first = split_attestation_event(event) if event is not None else (None, b"")
             self.answer.attestations.append(token)
         self._usage = UsageScanner(drop_usage=self._request[DROP_USAGE])
-        judgement = self._judge()
+        self.judgement = judgement = judge(self.ctx, self.answer)
+        self.headers = {
+            "x-request-id": self.ctx.request_id,
+            VERDICT_HEADER: judgement.verdict.value,
+        }
         if judgement.blocked:
-            return await self._settle(judgement)
+            return await settle(self._request, self.ctx, self.answer, judgement)
         if self.first:
             self._scan.events(self.first)
         return None
@@ -188,7 +194,8 @@ class Exchange:
                     scan.markers,
                     scan.late_attestations,
                 )
-                if self._judge().blocked:  # cut before this chunk reaches the client
+                self.judgement = judge(self.ctx, self.answer)
+                if self.judgement.blocked:  # cut before this chunk reaches the client
                     self._withheld = True
                     raise _refused(self.judgement)
             # Text that may be the start of a canary marker waits for the next events.
@@ -219,9 +226,10 @@ class Exchange:
                 "the backend's stream ended without its final event (cut short)"
             )
         self._finish()
-        if self._judge().blocked:
+        self.judgement = judge(self.ctx, answer)  # now with the usage and the detective's check
+        if self.judgement.blocked:
             raise _refused(self.judgement)
-        await self._settle(self.judgement)  # AuditWriteFailed: the stream ends with it
+        await settle(self._request, self.ctx, answer, self.judgement)  # AuditWriteFailed: it ends
         return self._suspect + self._done + usage.tail()
 
     async def fail(self, error: GatewayError) -> None:
@@ -237,7 +245,14 @@ class Exchange:
             if not self._withheld:
                 self.answer.prompt_tokens = self._usage.prompt_tokens
         with contextlib.suppress(AuditWriteFailed):
-            await self._settle(self.judgement, status=error.status, reason=error.code)
+            await settle(
+                self._request,
+                self.ctx,
+                self.answer,
+                self.judgement,
+                status=error.status,
+                reason=error.code,
+            )
 
     async def left(self, reason: str) -> None:
         """The client left (`client_closed`) or stopped reading (`client_stalled`) mid-stream:
@@ -249,7 +264,14 @@ class Exchange:
         if self._usage is not None:
             self.answer.prompt_tokens = self._usage.prompt_tokens
             self.answer.cached_tokens = self._usage.cached_tokens
-        left = self._settle(self.judgement, status=CLIENT_CLOSED, reason=reason)
+        left = settle(
+            self._request,
+            self.ctx,
+            self.answer,
+            self.judgement,
+            status=CLIENT_CLOSED,
+            reason=reason,
+        )
         with contextlib.suppress(AuditWriteFailed):
             await asyncio.shield(left)
 
@@ -263,21 +285,6 @@ class Exchange:
         text = self._scan.text
         if text:
             self._detective.record_answer(obs, text)
-
-    def _judge(self) -> Judgement:
-        self.judgement = judgement = judge(self.ctx, self.answer)
-        self.headers = {
-            "x-request-id": self.ctx.request_id,
-            VERDICT_HEADER: judgement.verdict.value,
-        }
-        return judgement
-
-    async def _settle(
-        self, judgement: Judgement, *, status: int | None = None, reason: str | None = None
-    ) -> web.Response | None:
-        return await settle(
-            self._request, self.ctx, self.answer, judgement, status=status, reason=reason
-        )
 
 
 def _refused(judgement: Judgement) -> AttestationRefused:
