@@ -9,7 +9,8 @@ import pytest
 
 from tests.fakes.openai_upstream import FakeUpstream
 
-# Tests that import these names from here get the kit's.
+# listener/test_floods.py and filters/test_fair_share.py take ENV, KEYS, policy_text and
+# run_gateway from here: the kit's own.
 from tests.kit.gateway import ENV, KEYS, Gateway, make_policy, policy_text, run_gateway
 
 __all__ = ["ENV", "KEYS", "Gateway", "gw", "make_policy", "policy_text", "run_gateway", "upstream"]
