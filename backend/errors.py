@@ -3,7 +3,7 @@ error becomes OpenAI-style JSON, and `backend.server`'s middleware the one place
 
 BackendError (500)
 ├── BadRequest (400)            ├── ContextLengthExceeded (400)   ├── BadChat (400)
-├── HandleRefused (401/403/503, from the handle verifier's code)
+├── HandleRefused (401/403/503, by the kind of the handle verifier's refusal: `handle_status`)
 ├── ModelNotFound (404)         ├── EngineDown (503)              └── GenerationFailed (503)
 
 Not answered, so not here: the block pool's AllocationError (scheduling flow control) and
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import orjson
 
+from kvfence.handle_errors import HandleForbidden, HandleUnavailable
 from kvfence.token import TokenError
 
 
@@ -53,15 +54,25 @@ class GenerationFailed(BackendError):
     status, type, code = 503, "server_error", "engine_error"
 
 
+def handle_status(exc: TokenError) -> int:
+    """The answer to a refused handle: 403 for a genuine handle used for something it does not
+    allow, 503 when the verifier cannot decide now (fail closed), else 401."""
+    if isinstance(exc, HandleUnavailable):
+        return 503
+    if isinstance(exc, HandleForbidden):
+        return 403
+    return 401
+
+
 class HandleRefused(BackendError):
-    """A missing or invalid handle; status and code are the verifier's (401, 403 or 503)."""
+    """A missing or invalid handle; the code is the verifier's, the status `handle_status`."""
 
     def __init__(self, exc: TokenError) -> None:
         super().__init__(str(exc) if exc.code != "missing" else "a signed handle is required")
-        self.status = exc.status
+        self.status = handle_status(exc)
         self.code = "missing_handle" if exc.code == "missing" else exc.code
         self.type = {401: "authentication_error", 403: "permission_error"}.get(
-            exc.status, "server_error"
+            self.status, "server_error"
         )
 
 

@@ -19,8 +19,9 @@ from typing import Any, TypeVar
 
 from backend.engine.engine import Engine, StepOutput
 from backend.engine.plan import SamplingParams
+from backend.engine.scheduler import OverCapacity
 from backend.engine.sequence import Segment
-from backend.errors import BackendError, EngineDown
+from backend.errors import BackendError, ContextLengthExceeded, EngineDown
 from kvfence.capability import Namespace
 
 log = logging.getLogger("kvfence.backend.worker")
@@ -196,6 +197,9 @@ class EngineWorker:
             seq = engine.add(
                 command.namespace, command.prompt, command.sampling, command.eos, command.public
             )
+        except OverCapacity as exc:  # the engine's refusal, answered as the client's error
+            self._post(self._deliver_error, command.stream_id, ContextLengthExceeded(str(exc)))
+            return
         except (BackendError, ValueError) as exc:
             self._post(self._deliver_error, command.stream_id, exc)
             return

@@ -26,10 +26,10 @@ if __package__ in (None, ""):
 import aiohttp
 
 from bench.machine import describe
-from tests.e2e.stack import make_backend, make_keys, running_stack
-from tests.gateway.conftest import ENV, KEYS, policy_text
-from tests.interop.gateway_process import gateway_process
-from tests.interop.vllm_server import free_port
+from tests.kit.gateway import ENV, KEYS, policy_text
+from tests.kit.gateway_process import gateway_process
+from tests.kit.stack import make_backend, make_keys, running_stack
+from tests.kit.vllm_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "fair_share.json"

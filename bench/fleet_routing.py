@@ -32,13 +32,12 @@ import aiohttp
 
 from bench.machine import describe
 from gateway.fleet.health import SharedHealthBoard
+from gateway.fleet.local_health import REFRESH_S, Health
 from gateway.fleet.metrics import FleetMetrics
 from gateway.fleet.store import SharedStore
 from gateway.metrics import Metrics
 from gateway.policy.load import load_policy
-from gateway.verify.health import REFRESH_S, Health
-from tests.e2e.stack import Keys, make_keys
-from tests.fleet.processes import (
+from tests.kit.fleet_processes import (
     Backend,
     GatewayReplica,
     fleet_policy,
@@ -47,7 +46,8 @@ from tests.fleet.processes import (
     start_backend,
     wait_ready,
 )
-from tests.fleet.redis_server import RedisServer, free_port
+from tests.kit.redis_server import RedisServer, free_port
+from tests.kit.stack import Keys, make_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "fleet_routing.json"

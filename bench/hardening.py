@@ -4,7 +4,7 @@ same harness measures the code before and after the change:
     .venv/bin/python -m bench.hardening                       # this checkout
     .venv/bin/python -m bench.hardening --only processes --rounds 110 --label sigkill
     (cd OLD && PYTHONPATH=. python -m bench.hardening --label before)   # with bench/ and
-        # tests/hardening/{probes,tamper}.py copied into OLD
+        # tests/kit/{probes,tamper}.py copied into OLD
 
 Prints one JSON object and writes it to bench/results/hardening-LABEL.json. Sections: edge
 (raw-socket smuggling probes), body (fields forwarded), handle (a captured handle with another
@@ -30,8 +30,8 @@ ROOT = Path.cwd()
 sys.path.insert(0, str(ROOT))
 
 from tests.fakes.openai_upstream import FakeUpstream  # noqa: E402
-from tests.gateway.conftest import ENV, KEYS, make_policy, policy_text, run_gateway  # noqa: E402
-from tests.hardening.probes import (  # noqa: E402
+from tests.kit.gateway import ENV, KEYS, make_policy, policy_text, run_gateway  # noqa: E402
+from tests.kit.probes import (  # noqa: E402
     BAD_POLICY_CONTENT,
     FORWARDED_BEFORE,
     REFUSED,
@@ -132,8 +132,8 @@ async def handle() -> dict[str, Any]:
     from backend.model.weights import build_llama
     from backend.server import create_app
     from kvfence.handle import HANDLE_HEADER
-    from tests.backend.server_kit import make_kit
-    from tests.conftest import TINY, byte_tokenizer, tiny_tensors
+    from tests.kit.backend_server import make_kit
+    from tests.kit.models import TINY, byte_tokenizer, tiny_tensors
 
     model = build_llama(TINY, tiny_tensors(), torch.device("cpu"), torch.float32)
     kit = make_kit(LoadedModel(model, TINY, byte_tokenizer(), torch.device("cpu"),
@@ -198,13 +198,13 @@ def _cli(argv: list[str]) -> int:
 
 
 def _has_anchor() -> bool:
-    from gateway.audit.log import AuditLog
+    from gateway.audit.chain.log import AuditLog
 
     return "anchor" in inspect.signature(AuditLog).parameters
 
 
 async def tamper() -> dict[str, Any]:
-    from tests.hardening.tamper import ANCHOR, KINDS, SECRET, build
+    from tests.kit.tamper import ANCHOR, KINDS, SECRET, build
 
     anchored = _has_anchor()
     out: dict[str, Any] = {"kinds": len(KINDS)}
@@ -233,8 +233,8 @@ async def tamper() -> dict[str, Any]:
 
 
 async def crash() -> dict[str, Any]:
-    from gateway.audit.log import AuditLog
-    from tests.hardening.tamper import SECRET, record
+    from gateway.audit.chain.log import AuditLog
+    from tests.kit.tamper import SECRET, record
 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -266,11 +266,11 @@ async def crash() -> dict[str, Any]:
 def _verify_chains(tmp: Path) -> Any:
     """Each worker's chain verified (with its anchor) and its crash recoveries counted, where
     this checkout has `verify_chain`; else the verdict of `verify --rotated`."""
-    from gateway.audit.chain import mac_key
-    from tests.hardening.tamper import SECRET
+    from gateway.audit.chain.format import mac_key
+    from tests.kit.tamper import SECRET
 
     try:
-        from gateway.audit.verify import verify_chain
+        from gateway.audit.chain.verify import verify_chain
     except ImportError:
         key = tmp / "audit.key"
         return [_cli(["verify", str(p), "--rotated", "--key-file", str(key)]) == 0
@@ -284,7 +284,7 @@ def _verify_chains(tmp: Path) -> Any:
 
 
 async def processes(rounds: int) -> dict[str, Any]:
-    from tests.hardening.procs import chat, gateway_policy, gone, launch, records
+    from tests.kit.audit_processes import chat, gateway_policy, gone, launch, records
 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp_name:

@@ -59,7 +59,7 @@ def row(target: str, case: str, result: ProbeResult) -> Row:
         target,
         case,
         str(result.config.test),
-        str(result.decision.verdict),
+        str(result.decision.outcome),
         result.rounds,
         result.requests,
         result.tokens,
@@ -143,8 +143,8 @@ async def measure_target(
 @asynccontextmanager
 async def backend_urls() -> AsyncIterator[str]:
     from backend.model import load_model
-    from tests.e2e.stack import make_keys
-    from tests.probe.namespace_proxy import backend_behind_proxy
+    from tests.kit.namespace_proxy import backend_behind_proxy
+    from tests.kit.stack import make_keys
 
     loaded = load_model("smollm2")
     with tempfile.TemporaryDirectory(prefix="kvfence-probe-bench-") as tmp:
@@ -153,7 +153,7 @@ async def backend_urls() -> AsyncIterator[str]:
 
 
 async def bench_backend(args: argparse.Namespace) -> list[Row]:
-    from tests.probe.namespace_proxy import NAMESPACE_HEADER
+    from tests.kit.namespace_proxy import NAMESPACE_HEADER
 
     def raw(name: str, namespace: str) -> Identity:
         return Identity(name, key=f"key-{name}", headers=((NAMESPACE_HEADER, namespace),))
@@ -167,7 +167,7 @@ async def bench_backend(args: argparse.Namespace) -> list[Row]:
 
 async def bench_vllm(args: argparse.Namespace) -> list[Row]:
     from tests.fakes.salt_dropping_proxy import RewritingProxy
-    from tests.interop.vllm_server import running_vllm
+    from tests.kit.vllm_server import running_vllm
 
     a = Identity("A", body=(("cache_salt", "bench-salt-a"),))
     b = Identity("B", body=(("cache_salt", "bench-salt-b"),))

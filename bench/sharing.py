@@ -126,7 +126,7 @@ async def first_token_times(rounds: int) -> dict[str, Any]:
     and an undeclared one of the same length warmed and asked by acme (a same-tenant hit), in
     alternating order; plus a cold miss. Medians over rounds."""
     from backend.model.load import load_model
-    from tests.e2e.stack import make_backend, make_keys, running_stack
+    from tests.kit.stack import make_backend, make_keys, running_stack
 
     model = load_model("smollm2")
     declared = [aligned_prompt(model.tokenizer, r) for r in range(rounds)]

@@ -98,7 +98,7 @@ _TORCH_PROBE = (
 def vllm_target(args: argparse.Namespace) -> Iterator[Target]:
     """Start vLLM from .venv-vllm (flags as the interop tests use, --dtype from the options)."""
     _import_repo_root()
-    from tests.interop.vllm_server import (
+    from tests.kit.vllm_server import (
         SERVED_MODEL,
         VllmConfig,
         free_port,
@@ -127,7 +127,7 @@ def backend_target(args: argparse.Namespace) -> Iterator[Target]:
     _import_repo_root()
     from kvfence.handle import HANDLE_HEADER, HandleSigner
     from kvfence.keyfile import generate_key, trust_entry, write_private_key, write_trust_file
-    from tests.interop.vllm_server import free_port, running_server
+    from tests.kit.vllm_server import free_port, running_server
 
     gateway_key, audience = generate_key(), "bench-backend"
     signer = HandleSigner(gateway_key, "bench-gw")

@@ -7,7 +7,7 @@ bench/results/verify_external.json. Needs the vLLM environment (scripts/vllm-env
 1. Requests to flag the salt-dropping proxy (tests/fakes/salt_dropping_proxy.py in front of a
    real vLLM): by a canary round with cached tokens, by a canary round on timing alone (usage
    stripped), and by the detective audit (tenant A primes, tenant B sends the same prompt).
-2. False violations: a randomized honest workload (tests/interop/workload.py) through the real
+2. False violations: a randomized honest workload (tests/kit/workload.py) through the real
    gateway CLI with several workers, restarted halfway with its state kept.
 3. Marker scan: CPU time per streamed event of `AnswerScan.events`, in process.
 """
@@ -32,12 +32,11 @@ from bench.machine import describe
 from gateway.verify.markers import MarkerKey
 from gateway.verify.scan import AnswerScan
 from tests.fakes.salt_dropping_proxy import RewritingProxy
-from tests.interop.gateway_process import gateway_process
-from tests.interop.test_honest_traffic import ENV, KEYS, SCOPES, policy
-from tests.interop.verified import policy_text, verified_gateway
-from tests.interop.vllm_server import SERVED_MODEL, free_port, running_vllm
-from tests.interop.workload import Tenant, Workload, run, sentence
-from tests.polling import until
+from tests.kit.gateway_process import gateway_process
+from tests.kit.polling import until
+from tests.kit.verified_gateway import policy_text, verified_gateway
+from tests.kit.vllm_server import SERVED_MODEL, free_port, running_vllm
+from tests.kit.workload import ENV, KEYS, SCOPES, Tenant, Workload, policy, run, sentence
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "verify_external.json"

@@ -17,15 +17,16 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from gateway.fleet.shared import SHARED
-from gateway.liveness import LIVENESS
-from gateway.policy.reload import RELOADER
-from gateway.public import backend_status as public_status
-from gateway.state import HOLDER, METRICS, REPLICAS, VERIFY
-from gateway.verify.watch import Watch
+from gateway.metrics import METRICS
+from gateway.policy.prefixes import backend_status as public_status
+from gateway.policy.reload import HOLDER, RELOADER
+from gateway.routing.liveness import LIVENESS
+from gateway.routing.replicas import REPLICAS
+from gateway.shared import SHARED
+from gateway.verify.service import VERIFY
+from gateway.verify.watch import WATCH
 
 GATEWAY = web.AppKey("kvfence_gateway_app", web.Application)
-WATCH_OF = web.AppKey("kvfence_admin_watch", Watch)
 WORKER = web.AppKey("kvfence_admin_under_supervisor", bool)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -108,7 +109,7 @@ async def canary(request: web.Request) -> web.Response:
     backend = next((b for b in policy.backends if b.name == name), None)
     if backend is None or backend.verify is None or backend.verify.canary is None:
         return _error(404, "no_canary", "no such backend with canaries")
-    results = await request.app[WATCH_OF].round(backend)
+    results = await request.app[GATEWAY][WATCH].round(backend)
     health = request.app[GATEWAY][VERIFY].health.get(backend.name)
     rounds = [
         {"model": r.model, "outcome": r.outcome.value, "reason": r.reason, "by": r.by}
@@ -121,7 +122,7 @@ async def release(request: web.Request) -> web.Response:
     name = _backend_name(request)
     if name is None:
         return _error(404, "no_backend", "no such backend")
-    after = await request.app[WATCH_OF].release(name)
+    after = await request.app[GATEWAY][WATCH].release(name)
     return _json({"backend": name, "health": after.as_json()})
 
 
@@ -140,13 +141,10 @@ async def reload(request: web.Request) -> web.Response:
     return _json({"reloaded": True, "policy": gateway[HOLDER].runtime.policy.summary()})
 
 
-def create_admin_app(
-    gateway: web.Application, watch: Watch, worker: bool = False
-) -> web.Application:
+def create_admin_app(gateway: web.Application, worker: bool = False) -> web.Application:
     """The admin app for `gateway`; `worker` when it runs under the `--workers` supervisor."""
     app = web.Application(middlewares=[authorize])
     app[GATEWAY] = gateway
-    app[WATCH_OF] = watch
     app[WORKER] = worker
     app.router.add_post("/reload", reload)
     app.router.add_get("/status", status)

@@ -1,29 +1,26 @@
 """The gateway application: routes, the filter chain, error mapping, metrics and access log.
 
-Invariant: every proxied request passes authn -> body -> route -> scrub -> allowlist ->
-namespace -> replica -> public -> adapter before the proxy (through failover), against one
-policy snapshot; any other path answers 404.
+Invariant: every proxied request passes authn -> limit -> body -> route -> scrub -> allowlist ->
+namespace -> replica -> public -> adapter before the terminal step (`routing.failover`, which
+relays it), against one policy snapshot; any other path answers 404.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-import aiohttp
 from aiohttp import web
 
-from gateway.adapters.base import PROXIED_PATHS
 from gateway.audit.sink import AUDIT_SINK, AuditSink, audit_sink_ctx
-from gateway.edge import Edge
-from gateway.errors import GatewayError, NotFound, Overloaded, error_body
+from gateway.errors import GatewayError, NotFound, Overloaded, error_response
 from gateway.filters.adapter import inject
 from gateway.filters.allowlist import allow_fields
 from gateway.filters.authn import authenticate
@@ -34,45 +31,39 @@ from gateway.filters.public import split_public
 from gateway.filters.replica import pick_replica
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
-from gateway.fleet.failover import failover
-from gateway.fleet.limiter import Limiter
+from gateway.fleet.limiter import LIMITER, Limiter
+from gateway.fleet.local_health import HealthCollector
+from gateway.fleet.local_limits import LIMITS, SharedLimits
 from gateway.fleet.metrics import FLEET_METRICS, FleetMetrics
-from gateway.fleet.replicas import Replicas
-from gateway.fleet.shared import open_shared
-from gateway.limits import SharedLimits
-from gateway.liveness import LIVENESS, Liveness, LivenessCollector, readyz
-from gateway.metrics import HealthCollector, Metrics
+from gateway.inputs.paths import PROXIED_PATHS
+from gateway.listener.edge import EDGE, Edge
+from gateway.metrics import METRICS, Metrics
 from gateway.models_api import add_routes
 from gateway.observe import failed, finish
 from gateway.policy.model import Policy
-from gateway.policy.reload import RELOADER, PolicyHolder, Reloader, reload_ctx
+from gateway.policy.reload import HOLDER, RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
+from gateway.relay.session import SESSION, session_ctx
+from gateway.routing.failover import failover
+from gateway.routing.liveness import LIVENESS, Liveness, LivenessCollector, readyz
+from gateway.routing.replicas import REPLICAS, Replicas
+from gateway.shared import open_shared
 from gateway.state import (
     ADMISSION,
     ADMITTED,
-    EDGE,
-    HOLDER,
-    IN_FLIGHT,
-    LIMITER,
-    LIMITS,
-    METRICS,
-    REPLICAS,
     REQUEST_ID,
     ROUTE,
     RUNTIME,
-    SESSION,
     TENANT,
     TIMING,
     USED_TOKENS,
-    VERIFY,
-    InFlight,
+    Filter,
     Timing,
 )
-from gateway.verify.service import Verification, remove_state_dir, state_dir_for
-from gateway.verify.watch import Watch
+from gateway.verify.service import VERIFY, Verification, remove_state_dir, state_dir_for
+from gateway.verify.watch import WATCH, Watch
 from kvfence.logs import redact_headers
 
-Filter = Callable[[web.Request], Awaitable[None]]
 CHAIN: Final[tuple[Filter, ...]] = (
     authenticate,
     admit,
@@ -85,9 +76,20 @@ CHAIN: Final[tuple[Filter, ...]] = (
     split_public,
     inject,
 )
-WATCH = web.AppKey("kvfence_watch", Watch)
+# The chain's steps whose outcome depends on the backend: a failover runs them again.
+RESCOPE: Final[tuple[Filter, ...]] = (split_public, inject)
 _RID_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 log = logging.getLogger("kvfence.gateway")
+
+
+@dataclass(slots=True)
+class InFlight:
+    """Proxied requests this worker holds now (for `limits.max_in_flight`)."""
+
+    count: int = 0
+
+
+IN_FLIGHT = web.AppKey("kvfence_in_flight", InFlight)
 
 
 async def proxied(request: web.Request) -> web.StreamResponse:
@@ -104,7 +106,7 @@ async def proxied(request: web.Request) -> web.StreamResponse:
         in_flight = metrics.child(metrics.in_flight, request[TENANT].id, route.model.name)
         in_flight.inc()
         try:
-            return await failover(request)
+            return await failover(request, RESCOPE)
         finally:
             in_flight.dec()
     finally:
@@ -113,18 +115,6 @@ async def proxied(request: web.Request) -> web.StreamResponse:
 
 async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
-
-
-def _error(error: GatewayError, rid: str) -> web.Response:
-    headers = {"x-request-id": rid}
-    if error.retry_after_s is not None:
-        headers["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))
-    return web.Response(
-        body=error_body(error),
-        status=error.status,
-        content_type="application/json",
-        headers=headers,
-    )
 
 
 @web.middleware
@@ -150,29 +140,15 @@ async def frame(
     except GatewayError as exc:
         status = exc.status
         failed(request, exc)
-        return _error(exc, rid)
+        return error_response(exc, rid)
     except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
         status = 404
-        return _error(NotFound(f"no route for {request.method} {request.path}"), rid)
+        return error_response(NotFound(f"no route for {request.method} {request.path}"), rid)
     finally:
         if request.get(ADMITTED):
             tokens = request.get(USED_TOKENS, 0)
             request.app[LIMITER].release(request[TENANT], request.get(ADMISSION), tokens)
         finish(request, status, timing)
-
-
-async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    # DummyCookieJar: a cookie one tenant's answer set must never ride along with another
-    # tenant's request (and no jar is consulted per request).
-    async with aiohttp.ClientSession(
-        connector=connector,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent", "Accept-Encoding"),
-    ) as session:
-        app[SESSION] = session
-        yield
 
 
 def _verify_ctx(temporary: bool) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -234,8 +210,12 @@ def create_app(
     app[IN_FLIGHT] = InFlight()
     app[LIMITER] = Limiter(app[LIMITS], shared_limits)
     app[REPLICAS] = Replicas()
-    app[WATCH] = Watch(app)
-    app.cleanup_ctx.append(_session_ctx)
+
+    async def record(entry: dict[str, Any]) -> None:
+        await app[AUDIT_SINK].event(app[HOLDER].runtime.policy.gateway.audit_log, entry)
+
+    app[WATCH] = Watch(app[HOLDER], app[VERIFY], app[METRICS], lambda: app[SESSION], record)
+    app.cleanup_ctx.append(session_ctx)
     app.cleanup_ctx.append(audit_sink_ctx)
     app.cleanup_ctx.append(_verify_ctx(temporary))
     if reload_from is not None:

@@ -22,16 +22,16 @@ from pathlib import Path
 from typing import Final
 
 from gateway.app import create_app
-from gateway.audit.chain import worker_path
-from gateway.audit.lock import check_free
-from gateway.audit.log import AuditWriteError
-from gateway.fleet.shared import missing_support
+from gateway.audit.chain.format import worker_path
+from gateway.audit.chain.lock import check_free
+from gateway.audit.chain.log import AuditWriteError
 from gateway.metrics import prepare_shared, share_values, worker_exited
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
 from gateway.policy.node import PolicyError
 from gateway.preflight import problems
 from gateway.server import bound_port, start, start_admin
+from gateway.shared import missing_support
 from gateway.verify.service import remove_state_dir, state_dir_for
 from kvfence.listen import ListenError, check_listen
 from kvfence.logs import configure_logging

@@ -1,5 +1,6 @@
 """Everything the gateway can answer with an error, as one tree; `error_body` is the one place
-an error becomes OpenAI-style JSON, and `gateway.app`'s middleware the one place it becomes HTTP.
+an error becomes OpenAI-style JSON, and `error_response` the one place it becomes an HTTP
+answer (the app's middleware, the edge, the connection caps and the exchange all call it).
 
 GatewayError
 ├── BadRequest (400): ClientInputRejected, MissingScopeValue, MalformedRequest (edge),
@@ -7,20 +8,23 @@ GatewayError
 ├── Unauthenticated (401)
 ├── NotFound (404): ModelNotFound (unknown and forbidden models alike)
 ├── MethodNotAllowed (405, edge), RequestTimeout (408), BodyTooLarge (413), RateLimited (429)
-├── NotSupported (501), VersionNotSupported (505, edge)
+├── UnsupportedEncoding (415), NotSupported (501), VersionNotSupported (505, edge)
 ├── UpstreamUnavailable, AttestationRefused, AuditWriteFailed, AnswerTooLarge, HandleRefused (502)
-├── Overloaded, BackendQuarantined, SharedStateUnavailable (503)
+├── Overloaded, BackendQuarantined, SharedStateUnavailable, NotReady (503)
 └── UpstreamTimeout (504)
 
-The edge's errors (`gateway.edge`) are answered with `Connection: close`, and the connection is
-closed after them.
+The edge's errors (`gateway.listener.edge`) are answered with `Connection: close`, and the
+connection is closed after them.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping
 from typing import ClassVar
 
 import orjson
+from aiohttp import web
 
 
 class GatewayError(Exception):
@@ -107,8 +111,14 @@ class RateLimited(GatewayError):
 
 
 class MethodNotAllowed(GatewayError):
+    """A method the listener does not serve; `allow` is sent as `Allow`."""
+
     status, type, code = 405, "invalid_request_error", "method_not_allowed"
     reason = "method"
+
+    def __init__(self, message: str, allow: Iterable[str]) -> None:
+        super().__init__(message)
+        self.allow = ", ".join(sorted(allow))
 
 
 class RequestTimeout(GatewayError):
@@ -182,6 +192,12 @@ class SharedStateUnavailable(GatewayError):
     status, type, code = 503, "server_error", "shared_state_unavailable"
 
 
+class NotReady(GatewayError):
+    """`/readyz` while a backend the policy marks required is down."""
+
+    status, type, code = 503, "server_error", "not_ready"
+
+
 class UpstreamTimeout(GatewayError):
     status, type, code = 504, "server_error", "upstream_timeout"
 
@@ -191,3 +207,30 @@ def error_body(error: GatewayError) -> bytes:
     return orjson.dumps(
         {"error": {"message": error.message, "type": error.type, "code": error.code}}
     )
+
+
+def error_response(
+    error: GatewayError,
+    request_id: str | None = None,
+    *,
+    close: bool = False,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    """The HTTP answer for `error`: its JSON body and status, `x-request-id` when there is one,
+    `Retry-After` and `Allow` where the error sets them, and `headers`; with `close`, the
+    connection is closed after it (`Connection: close`)."""
+    out = {} if request_id is None else {"x-request-id": request_id}
+    if error.retry_after_s is not None:
+        out["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))
+    if isinstance(error, MethodNotAllowed):
+        out["allow"] = error.allow
+    if close:
+        out["connection"] = "close"
+    if headers:
+        out.update(headers)
+    response = web.Response(
+        body=error_body(error), status=error.status, content_type="application/json", headers=out
+    )
+    if close:
+        response.force_close()  # nothing sent after it on this connection is read as a request
+    return response

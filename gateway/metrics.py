@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import values as prometheus_values
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
-
-from gateway.verify.health import HealthBoard
 
 M = TypeVar("M", Counter, Histogram, Gauge)
 
@@ -168,6 +165,18 @@ class Metrics:
             ["backend", "kind"],
             registry=r,
         )
+        self.retries = Counter(
+            p + "retries",
+            "Requests retried on another backend after this one failed before answering",
+            ["backend"],
+            registry=r,
+        )
+        self.ejections = Counter(
+            p + "ejections",
+            "Backends ejected by this worker after consecutive errors",
+            ["backend"],
+            registry=r,
+        )
         self.quarantine_transitions = Counter(
             p + "quarantine_transitions",
             "Backends quarantined or released",
@@ -202,35 +211,4 @@ class Metrics:
         return generate_latest(registry)
 
 
-class HealthCollector(Collector):
-    """Per-backend verification state, read from the board every worker shares, at scrape time;
-    every backend of the policy appears (a backend never checked: no canary, not quarantined)."""
-
-    def __init__(self, board: HealthBoard, backends: Callable[[], Iterable[str]]) -> None:
-        self.board = board
-        self.backends = backends
-
-    def collect(self) -> Iterator[Metric]:
-        p = "kvfence_gateway_backend_"
-        quarantined = GaugeMetricFamily(
-            p + "quarantined", "1 while quarantined", labels=["backend"]
-        )
-        outcome = GaugeMetricFamily(
-            p + "canary_outcome", "1 for the last canary outcome", labels=["backend", "outcome"]
-        )
-        at = GaugeMetricFamily(
-            p + "canary_timestamp_seconds", "When the last canary round ended", labels=["backend"]
-        )
-        rounds = GaugeMetricFamily(p + "canary_rounds", "Canary rounds run", labels=["backend"])
-        found = GaugeMetricFamily(
-            p + "violations", "Violations by kind (shared count)", labels=["backend", "kind"]
-        )
-        for name in sorted(self.backends()):
-            health = self.board.get(name)
-            quarantined.add_metric([name], float(health.quarantined))
-            outcome.add_metric([name, health.canary], 1.0)
-            at.add_metric([name], health.canary_at)
-            rounds.add_metric([name], float(health.rounds))
-            for kind, count in sorted(health.violations.items()):
-                found.add_metric([name, kind], float(count))
-        yield from (quarantined, outcome, at, rounds, found)
+METRICS = web.AppKey("kvfence_metrics", Metrics)

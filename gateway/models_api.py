@@ -3,7 +3,7 @@ and some backend serves now.
 
 Invariant: a tenant sees only its own models; retrieving any other model, unknown or served to
 others, answers the same 404 `model_not_found` the proxied paths answer. A model whose every
-backend is down by the gateway's health checks (gateway.liveness) is neither listed nor
+backend is down by the gateway's health checks (gateway.routing.liveness) is neither listed nor
 retrieved, so a client never picks a model that can only answer 502; before the first checks
 end nothing is known down, and every model is offered.
 """
@@ -15,7 +15,7 @@ from aiohttp import web
 
 from gateway.errors import ModelNotFound
 from gateway.filters.authn import authenticate
-from gateway.liveness import LIVENESS
+from gateway.routing.liveness import LIVENESS
 from gateway.state import RUNTIME, TENANT
 
 

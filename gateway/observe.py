@@ -14,7 +14,8 @@ import time
 from aiohttp import web
 
 from gateway.errors import GatewayError
-from gateway.state import METRICS, REQUEST_ID, ROUTE, RUNTIME, TENANT, Timing
+from gateway.metrics import METRICS
+from gateway.state import REQUEST_ID, ROUTE, RUNTIME, TENANT, Timing
 
 access_log = logging.getLogger("kvfence.gateway.access")
 log = logging.getLogger("kvfence.gateway")

@@ -2,8 +2,8 @@
 
 Invariant: an idle or trickling client is cut after `header_timeout_s` (aiohttp's keep-alive
 deadline also covers a connection whose request headers are incomplete), connections beyond the
-caps make room or are answered 503 (`gateway.connections`), a client disconnect cancels its
-handler, and every request passes `gateway.edge` before the app routes it.
+caps make room or are answered 503 (`gateway.listener.connections`), a client disconnect cancels its
+handler, and every request passes `gateway.listener.edge` before the app routes it.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.admin import create_admin_app
-from gateway.app import WATCH
-from gateway.connections import Pressure
-from gateway.edge import ServerLog, guard
-from gateway.state import EDGE, HOLDER, METRICS
+from gateway.listener.connections import Pressure
+from gateway.listener.edge import EDGE, ServerLog, guard
+from gateway.metrics import METRICS
+from gateway.policy.reload import HOLDER
 
 
 async def start(
@@ -46,7 +46,7 @@ async def start_admin(
 ) -> web.AppRunner:
     """Start the admin listener for gateway `app` (its own port; see gateway.admin).
     `reuse_port` means a worker under the `--workers` supervisor, which shares the port."""
-    admin = create_admin_app(app, app[WATCH], worker=reuse_port)
+    admin = create_admin_app(app, worker=reuse_port)
     runner = web.AppRunner(admin, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)

@@ -1,39 +1,37 @@
-"""Typed per-request slots shared along the filter chain; filters import these, never each other.
+"""Typed per-request slots shared along the filter chain and the response side; filters import
+these, never each other. Each app-wide key lives beside the class it holds.
 
-Invariant: each slot has exactly one writer (named below), which runs before any reader.
+Invariant: each slot has one writer (named below), which runs before any reader; `ROUTE` and
+`BODY` have one more, `gateway.routing.retarget`, which moves a request to another backend
+(the replica step, a failover) before the steps that depend on the backend run again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
-from gateway.edge import Edge
-from gateway.fleet.limiter import Admission, Limiter
-from gateway.fleet.replicas import Replicas
-from gateway.limits import SharedLimits
-from gateway.metrics import Metrics
-from gateway.policy.reload import PolicyHolder
+# Re-exported for `gateway.shared`, which takes these app keys from here.
+from gateway.fleet.limiter import LIMITER as LIMITER
+from gateway.fleet.limiter import Admission
+from gateway.metrics import METRICS as METRICS
 from gateway.policy.runtime import Route, Runtime
 from gateway.policy.tenant_model import Tenant
-from gateway.verify.service import Verification
+from gateway.verify.service import VERIFY as VERIFY
 from kvfence.public import PublicPart
 
-
-@dataclass(slots=True)
-class InFlight:
-    """Proxied requests this worker holds now (for `limits.max_in_flight`)."""
-
-    count: int = 0
+# A step of the request chain: reads and writes these slots, may raise a GatewayError to answer.
+Filter = Callable[[web.Request], Awaitable[None]]
 
 
 @dataclass(slots=True)
 class Timing:
-    """Monotonic timestamps (seconds) for the latency metrics; written by app and proxy, and
-    `first_event` (a stream's first event from upstream) by the stream relay."""
+    """Monotonic timestamps (seconds) for the latency metrics: `start` by the app, the upstream
+    and client ones by the relay, `first_event` (a stream's first event from upstream) by the
+    exchange."""
 
     start: float
     upstream_sent: float = 0.0
@@ -46,8 +44,10 @@ RUNTIME = web.RequestKey("kvfence_runtime", Runtime)  # app middleware
 REQUEST_ID = web.RequestKey("kvfence_request_id", str)  # app middleware
 TIMING = web.RequestKey("kvfence_timing", Timing)  # app middleware
 TENANT = web.RequestKey("kvfence_tenant", Tenant)  # filters.authn
-BODY: web.RequestKey[dict[str, Any]] = web.RequestKey("kvfence_body", dict)  # filters.body
-ROUTE = web.RequestKey("kvfence_route", Route)  # filters.route
+BODY: web.RequestKey[dict[str, Any]] = web.RequestKey(
+    "kvfence_body", dict
+)  # filters.body (and routing.retarget)
+ROUTE = web.RequestKey("kvfence_route", Route)  # filters.route (and routing.retarget)
 # A session-scoped tenant's session id from the body; set only when sent.
 PROMPT_CACHE_KEY: web.RequestKey[object] = web.RequestKey(
     "kvfence_prompt_cache_key", object
@@ -72,12 +72,3 @@ CANDIDATES: web.RequestKey[tuple[Route, ...]] = web.RequestKey(
 )  # filters.replica
 UNSCOPED_BODY = web.RequestKey("kvfence_unscoped_body", bytes)  # filters.replica
 USED_TOKENS = web.RequestKey("kvfence_used_tokens", int)  # audit.settle: what the answer used
-METRICS = web.AppKey("kvfence_metrics", Metrics)
-VERIFY = web.AppKey("kvfence_verify", Verification)
-HOLDER = web.AppKey("kvfence_policy_holder", PolicyHolder)
-LIMITS = web.AppKey("kvfence_limits", SharedLimits)
-IN_FLIGHT = web.AppKey("kvfence_in_flight", InFlight)
-SESSION = web.AppKey("kvfence_upstream_session", aiohttp.ClientSession)
-EDGE = web.AppKey("kvfence_edge", Edge)  # counts and logs malformed requests
-REPLICAS = web.AppKey("kvfence_replicas", Replicas)  # this worker's ejections
-LIMITER = web.AppKey("kvfence_limiter", Limiter)  # tenant limits: local or in Redis

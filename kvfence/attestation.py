@@ -28,9 +28,7 @@ ATTESTATION_FIELD: Final = "kvfence_attestation"
 
 class AttestationError(TokenError):
     """The attestation is missing, malformed, signed by an unknown key, does not verify, or
-    comes from another backend. The gateway answers 502 (the upstream misbehaved)."""
-
-    status = 502
+    comes from another backend."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,9 +23,7 @@ Clock = Callable[[], float]
 
 class TokenError(Exception):
     """Base of every handle and attestation failure. `.code` is a short machine code for logs
-    and error bodies; `.status` the HTTP status the receiving side answers with."""
-
-    status: int = 401
+    and error bodies; which answer it becomes is the receiving side's to decide."""
 
     def __init__(self, code: str, detail: str = "") -> None:
         super().__init__(f"{code}: {detail}" if detail else code)

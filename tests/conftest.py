@@ -1,89 +1,19 @@
-"""Model fixtures every test folder shares: the real SmolLM2 loaded once per session, and a tiny
-random Llama with a byte-level tokenizer (every UTF-8 byte one token) for fast tests of the
-arithmetic."""
+"""Fixtures every test folder shares: the real SmolLM2 loaded once per session, a tiny random
+Llama (`tests.kit.models`), and a real redis-server per test that needs one."""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
 from backend.model import LoadedModel, load_model
-from backend.model.config import ModelConfig
 from backend.model.tokenizer import Tokenizer
 from backend.model.weights import build_llama
-
-CONTROL = 3
-SPECIALS = ("<|im_end|>", "<|im_start|>", "<|pad|>", "<|pad2|>")
-
-
-def gpt2_byte_alphabet() -> list[str]:
-    """The printable stand-in character for each byte 0..255, in byte order (gpt2 scheme)."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars: dict[int, str] = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
-def byte_tokenizer() -> Tokenizer:
-    tokens = [*gpt2_byte_alphabet(), *SPECIALS]
-    types = [1] * 256 + [CONTROL] * len(SPECIALS)
-    return Tokenizer.from_gguf_vocab(
-        tokens=tokens,
-        merges=[],
-        token_types=types,
-        pre="gpt2",
-        bos_id=None,
-        eos_ids=(256,),
-        chat_template=None,
-    )
-
-
-# Where model fixtures live: the CPU by default; KVFENCE_TEST_DEVICE=cuda runs them on a GPU.
-TEST_DEVICE = torch.device(os.environ.get("KVFENCE_TEST_DEVICE", "cpu"))
-
-
-TINY = ModelConfig(
-    n_layers=2,
-    hidden=32,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=8,
-    ffn=48,
-    vocab=260,
-    rope_theta=10000.0,
-    rms_eps=1e-5,
-    tie_embeddings=True,
-    max_positions=256,
-    bos_id=None,
-    eos_ids=(256,),
-)
-
-
-def tiny_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random weights under Hugging Face names for TINY."""
-    gen = torch.Generator().manual_seed(seed)
-    c = TINY
-    shapes = {"model.embed_tokens.weight": (c.vocab, c.hidden), "model.norm.weight": (c.hidden,)}
-    for i in range(c.n_layers):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "self_attn.q_proj.weight": (c.q_size, c.hidden),
-            p + "self_attn.k_proj.weight": (c.kv_size, c.hidden),
-            p + "self_attn.v_proj.weight": (c.kv_size, c.hidden),
-            p + "self_attn.o_proj.weight": (c.hidden, c.q_size),
-            p + "mlp.gate_proj.weight": (c.ffn, c.hidden),
-            p + "mlp.up_proj.weight": (c.ffn, c.hidden),
-            p + "mlp.down_proj.weight": (c.hidden, c.ffn),
-            p + "input_layernorm.weight": (c.hidden,),
-            p + "post_attention_layernorm.weight": (c.hidden,),
-        }
-    return {name: torch.randn(shape, generator=gen) * 0.5 for name, shape in shapes.items()}
+from tests.kit.models import TEST_DEVICE, TINY, byte_tokenizer, tiny_tensors
+from tests.kit.redis_server import RedisServer, need_redis
 
 
 @pytest.fixture(scope="session")
@@ -102,3 +32,14 @@ def tiny_model(tiny_tokenizer: Tokenizer) -> LoadedModel:
 def smollm2() -> LoadedModel:
     """The real SmolLM2-135M-Instruct with the default dtype, loaded once."""
     return load_model("smollm2", device=str(TEST_DEVICE))
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    need_redis()
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    server = RedisServer(folder)
+    server.start()
+    yield server
+    server.stop()

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fresh_env import clone, free_port, importable, user_env, venv, wait_http
-from tests.probe.sim import SimCache, SimServer
+from tests.kit.fresh_env import clone, free_port, importable, user_env, venv, wait_http
+from tests.kvfence.probe.sim import SimCache, SimServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.fresh]
 

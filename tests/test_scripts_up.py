@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fresh_env import clone as _clone
-from tests.fresh_env import free_port as _free_port
-from tests.fresh_env import user_env as _env
+from tests.kit.fresh_env import clone as _clone
+from tests.kit.fresh_env import free_port as _free_port
+from tests.kit.fresh_env import user_env as _env
 
 READY_LINE = "Ctrl-C stops both"
 

@@ -119,7 +119,7 @@ class Engine:
         eos_token_ids: Iterable[int] = (),
         public: tuple[Segment, ...] = (),
     ) -> int:
-        """Queue a request; ContextLengthExceeded if it can never fit, ValueError if empty.
+        """Queue a request; OverCapacity if it can never fit, ValueError if empty.
         `public`: the leading blocks that belong to public namespaces (from verified grants)."""
         if not isinstance(namespace, Namespace) or not all(
             isinstance(s.namespace, Namespace) for s in public

@@ -16,8 +16,12 @@ from backend.engine.block_pool import AllocationError, BlockPool, QuotaExceededE
 from backend.engine.chunks import next_chunk, tokens_to_run
 from backend.engine.plan import PREFILL_POLICIES, Chunk, PrefillPolicy, StepPlan
 from backend.engine.sequence import FinishReason, Sequence, SequenceStatus
-from backend.errors import ContextLengthExceeded
 from kvfence.capability import Namespace
+
+
+class OverCapacity(Exception):
+    """A prompt that can never fit: more blocks than its namespace's share of the pool (or its
+    public prefix more than its group's). The worker answers it as the request's error."""
 
 
 class Scheduler:
@@ -58,10 +62,10 @@ class Scheduler:
         start = 0
         for segment in seq.public:  # public blocks count against their own group's ceiling
             if segment.end - start > self.pool.ceiling(segment.namespace):
-                raise ContextLengthExceeded("the prompt's public prefix exceeds its KV capacity")
+                raise OverCapacity("the prompt's public prefix exceeds its KV capacity")
             start = segment.end
         if blocks - seq.public_blocks > self.pool.ceiling(seq.namespace):
-            raise ContextLengthExceeded(
+            raise OverCapacity(
                 f"prompt of {seq.num_tokens} tokens exceeds the namespace's KV capacity"
             )
         seq.hash_full_blocks(self._bs)

@@ -7,16 +7,11 @@ the only code that writes a scoping field into an upstream request.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar
 
-from gateway.policy.backend_model import Backend
+from gateway.inputs.paths import PROXIED_PATHS
 from kvfence.public import PublicPart
 from kvfence.share import Share
-
-CHAT: Final = "/v1/chat/completions"
-COMPLETIONS: Final = "/v1/completions"
-RESPONSES: Final = "/v1/responses"
-PROXIED_PATHS: Final = frozenset({CHAT, COMPLETIONS, RESPONSES})
 
 
 class Adapter(ABC):
@@ -30,11 +25,8 @@ class Adapter(ABC):
     # Whether the backend can cache a prompt's leading part in a public namespace and the rest in
     # the tenant's (kvfence's handles can; a single cache salt per request cannot).
     splits_public: ClassVar[bool] = False
-    # What `gateway.liveness` checks: any answer below 500 means the server is up.
+    # What `gateway.routing.liveness` checks: any answer below 500 means the server is up.
     health_path: ClassVar[str] = "/health"
-
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
 
     @abstractmethod
     def inject(self, path: str, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:

@@ -9,11 +9,12 @@ refused as a replay by accident.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
-from gateway.adapters.base import CHAT, COMPLETIONS, Adapter
+from gateway.adapters.base import Adapter
 from gateway.errors import NotSupported
-from gateway.policy.backend_model import Backend
+from gateway.inputs.paths import CHAT, COMPLETIONS
 from kvfence.handle import HANDLE_HEADER, HandleSigner
 from kvfence.public import PublicPart
 from kvfence.share import Share
@@ -28,15 +29,20 @@ class KvfenceAdapter(Adapter):
     health_path = "/readyz"  # 503 while the model loads
 
     def __init__(
-        self, backend: Backend, signer: HandleSigner | None = None, ttl_s: float = 60.0
+        self,
+        signer: HandleSigner | None = None,
+        audience: str = "",
+        revisions: Mapping[str, str] | None = None,
+        ttl_s: float = 60.0,
     ) -> None:
-        super().__init__(backend)
+        """`audience`: the backend's id its handles name; `revisions`: model -> revision."""
         self.signer = signer
+        self.audience = audience
         self.ttl_s = ttl_s
-        self._revisions = {m.name: m.revision for m in backend.models}
+        self._revisions = dict(revisions or {})
 
     def inject(self, path: str, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
-        if self.signer is None or self.backend.kvfence is None:
+        if self.signer is None or not self.audience:
             raise NotSupported("this gateway has no handle key for kvfence backends")
         headers[UPSTREAM_ID_HEADER] = f"{headers[UPSTREAM_ID_HEADER]}.{secrets.token_hex(6)}"
 
@@ -50,15 +56,14 @@ class KvfenceAdapter(Adapter):
         public: tuple[PublicPart, ...] = (),
         ephemeral: bool = False,
     ) -> None:
-        options = self.backend.kvfence
-        assert self.signer is not None and options is not None  # inject refused otherwise
+        assert self.signer is not None  # inject refused otherwise
         model = body["model"]
         headers[HANDLE_HEADER] = self.signer.sign(
             ns,
             model,
             self._revisions[model],
             headers[UPSTREAM_ID_HEADER],
-            options.audience,
+            self.audience,
             self.ttl_s,
             body=data,
             share=share,

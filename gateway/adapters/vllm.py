@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.adapters.base import CHAT, Adapter
+from gateway.adapters.base import Adapter
+from gateway.inputs.paths import CHAT
 
 
 class VllmAdapter(Adapter):

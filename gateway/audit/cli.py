@@ -1,9 +1,10 @@
 """`kvfence audit verify [FILE] [--policy FILE] [--workers N]`: check an audit log, all of it
-(gateway.audit.verify): every rotation, the active file, its checkpoint and, with an anchor, its
-anchor; for a gateway run with `--workers N`, every worker's chain (`audit.wK.jsonl`) given the
-path the policy names. Prints the records per verdict. Exit 0 when every chain is intact; 1
-when one was tampered with (or cut, rolled back, pruned, missing); 2 when the key or the policy
-cannot be read; 3 when a log was written under another key."""
+(gateway.audit.chain.verify): every rotation, the active file, its checkpoint and, with an
+anchor, its anchor; for a gateway run with `--workers N`, every worker's chain
+(`audit.wK.jsonl`) given the path the policy names. Prints the records per verdict. Exit 0
+when every chain is intact; 1 when one was tampered with (or cut, rolled back, pruned,
+missing); 2 when the key or the policy cannot be read; 3 when a log was written under another
+key."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
-from gateway.audit.chain import mac_key
-from gateway.audit.chains import Chain, ChainsError, find_chains, policy_audit
-from gateway.audit.verify import AuditVerifyError, FileSummary, WrongKey, verify_chain
+from gateway.audit.chain.chains import Chain, ChainsError, find_chains, policy_audit
+from gateway.audit.chain.format import mac_key
+from gateway.audit.chain.verify import AuditVerifyError, FileSummary, WrongKey, verify_chain
 from kvfence.secrets import from_env, from_file
 
 OK, TAMPERED, UNUSABLE, WRONG_KEY = 0, 1, 2, 3

@@ -17,9 +17,9 @@ from typing import Any, Final
 
 import orjson
 
+from gateway.audit.usage import cached_tokens, prompt_tokens, total_tokens
+from gateway.fleet.local_health import Health
 from gateway.policy.backend_model import AuditMode, Backend
-from gateway.sse import cached_tokens, prompt_tokens, total_tokens
-from gateway.verify.health import Health
 from kvfence.attestation import (
     Attestation,
     AttestationError,
@@ -35,7 +35,7 @@ FRESH_ROUNDS: Final = 3  # a canary outcome counts for this many intervals
 
 @dataclass(frozen=True, slots=True)
 class AuditContext:
-    """What one response is judged against; built once per request by the proxy."""
+    """What one response is judged against; built once per attempt by its exchange."""
 
     request_id: str
     tenant: str
@@ -59,7 +59,7 @@ class AuditContext:
 
 @dataclass(slots=True)
 class Answer:
-    """What the backend returned, as far as the audit needs it; the relays fill it in."""
+    """What the backend returned, as far as the audit needs it; its exchange fills it in."""
 
     status: int = 0  # the backend's HTTP status; 0 when no answer arrived
     attestations: list[str | None] = field(default_factory=list)  # header copies / first event

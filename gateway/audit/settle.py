@@ -1,6 +1,7 @@
 """Settle: the one place a judgement becomes what the client gets and one audit record: the
-verdict is counted, logged when it is not clean, and written to the audit log; a withheld
-answer is replaced by a local error.
+verdict is counted, logged when it is not clean, and written to the audit log; a violation is
+reported to the watch; a withheld answer is replaced by a local error. Only the exchange calls
+it.
 
 Invariant: every request that reached the upstream step is settled exactly once; a record that
 cannot be written raises `AuditWriteFailed`, so the answer fails closed.
@@ -9,50 +10,22 @@ cannot be written raises `AuditWriteFailed`, so the answer fails closed.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Final
 
 from aiohttp import web
 
+from gateway.audit.chain.log import AuditWriteError
 from gateway.audit.judge import Answer, AuditContext, Judgement, record
-from gateway.audit.log import AuditWriteError
 from gateway.audit.sink import AUDIT_SINK
-from gateway.errors import AttestationRefused, AuditWriteFailed, error_body
-from gateway.metrics import Metrics
-from gateway.state import (
-    METRICS,
-    NAMESPACE,
-    PUBLIC,
-    REQUEST_ID,
-    ROUTE,
-    RUNTIME,
-    TENANT,
-    UPSTREAM_HEADERS,
-    USED_TOKENS,
-    VERIFY,
-)
-from gateway.verify.watch import Watch
+from gateway.errors import AttestationRefused, AuditWriteFailed, error_response
+from gateway.metrics import METRICS, Metrics
+from gateway.state import RUNTIME, USED_TOKENS
+from gateway.verify.watch import WATCH
 from kvfence.verdict import Verdict
 
 VERDICT_HEADER: Final = "x-kvfence-verdict"
 _QUIET: Final = frozenset({Verdict.CLEAN, Verdict.UNATTESTED, Verdict.VERIFIED, Verdict.UNVERIFIED})
 log = logging.getLogger("kvfence.gateway.audit")
-
-
-def audit_context(request: web.Request) -> AuditContext:
-    route = request[ROUTE]
-    return AuditContext(
-        request_id=request[REQUEST_ID],
-        tenant=request[TENANT].id,
-        model=route.model.name,
-        backend=route.backend,
-        upstream_id=request[UPSTREAM_HEADERS]["x-request-id"],
-        namespace=request[NAMESPACE],
-        verifier=request[RUNTIME].attestations.get(route.backend.name),
-        health=request.app[VERIFY].health.get(route.backend.name),
-        now=time.time(),
-        public=frozenset(part.namespace for part in request.get(PUBLIC, ())),
-    )
 
 
 def _count(metrics: Metrics, ctx: AuditContext, answer: Answer, judgement: Judgement) -> None:
@@ -103,12 +76,9 @@ async def settle(
         raise AuditWriteFailed("the audit record could not be written") from None
     if judgement.verdict is Verdict.VIOLATION and ctx.verifier is None:
         kind = "marker" if answer.markers else "detective"
-        await Watch(request.app).violation(ctx.backend, kind)
+        await request.app[WATCH].violation(ctx.backend, kind)
     if refusal is None:
         return None
-    return web.Response(
-        body=error_body(refusal),
-        status=refusal.status,
-        content_type="application/json",
-        headers={"x-request-id": ctx.request_id, VERDICT_HEADER: judgement.verdict.value},
+    return error_response(
+        refusal, ctx.request_id, headers={VERDICT_HEADER: judgement.verdict.value}
     )

@@ -9,14 +9,15 @@ a log that cannot be opened or written fails the request closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
-from gateway.audit.chain import worker_path
-from gateway.audit.log import AuditLog, AuditWriteError
+from gateway.audit.chain.format import worker_path
+from gateway.audit.chain.log import AuditLog, AuditWriteError
 from gateway.policy.model import AuditLogSettings
 
 log = logging.getLogger("kvfence.gateway.audit")
@@ -73,6 +74,13 @@ class AuditSink:
             raise AuditWriteError(f"audit log {settings.path} is not open")
         await current.append(record)
         return True
+
+    async def event(self, settings: AuditLogSettings | None, record: dict[str, Any]) -> None:
+        """Write a record of something other than an answer (a quarantine transition). A failure
+        is not raised: nothing waits on this record, and a log that cannot be written fails the
+        next answer's record closed (counted there)."""
+        with contextlib.suppress(AuditWriteError):
+            await self.append(settings, record)
 
     async def close(self) -> None:
         if self._log is not None:

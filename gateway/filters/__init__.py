@@ -1,3 +1,4 @@
-"""The request filter chain: authn -> body -> route -> scrub -> allowlist -> namespace ->
-adapter; then the proxy. Each filter reads and writes `gateway.state` slots, may raise a
+"""The request filter chain (`gateway.app.CHAIN`): authn -> limit -> body -> route -> scrub ->
+allowlist -> namespace -> replica -> public -> adapter; then the terminal step
+(`gateway.routing.failover`). Each filter reads and writes `gateway.state` slots, may raise a
 `GatewayError` to answer locally, and never imports another filter."""

@@ -10,13 +10,13 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway import jsonbody
-from gateway.adapters.base import CHAT, COMPLETIONS
-from gateway.policy.model import Scope
+from gateway.inputs import jsonbody
+from gateway.inputs.paths import CHAT, COMPLETIONS
+from gateway.metrics import METRICS
+from gateway.policy.tenant_model import Scope
 from gateway.state import (
     BODY,
     DROP_USAGE,
-    METRICS,
     NAMESPACE,
     PUBLIC,
     REQUEST_ID,

@@ -1,133 +1,22 @@
-"""The body allowlist (after scrub): only the path's OpenAI fields and the extra fields the policy
-allows the route's backend stay, and inside chat messages, content parts and Responses input
-items only their known keys; anything else is dropped and counted, or, under
-`gateway.unknown_fields: reject`, refused with 400.
+"""The body allowlist step (after scrub): the body keeps only what the route's backend may get
+(`gateway.inputs.allowlist`).
 
-Invariant: no name in `fields.NEVER` reaches the adapter step, at the top level, in a message,
-in a content part or in an input item, whatever the policy allows.
+Invariant: no name in `fields.NEVER` reaches the adapter step, whatever the policy allows.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterable
-from typing import Any, Final
-
 from aiohttp import web
 
-from gateway.adapters.base import CHAT, RESPONSES
-from gateway.errors import UnknownField
-from gateway.filters import fields
+from gateway.inputs.allowlist import account, prune
+from gateway.metrics import METRICS
 from gateway.policy.model import UnknownFieldMode
-from gateway.state import BODY, METRICS, ROUTE, RUNTIME
-
-MAX_NAME_SHOWN: Final = 64
-
-
-def _drop(mapping: dict[str, Any], keep: Iterable[str], where: str) -> list[str]:
-    keep = frozenset(keep)
-    gone = [k for k in mapping if k not in keep]
-    for key in gone:
-        del mapping[key]
-    return [f"{where}.{k}" if where else k for k in gone]
-
-
-def _parts(content: Any, where: str) -> list[str]:
-    """Content parts keep their type's keys; a part of an unknown type is dropped whole."""
-    if not isinstance(content, list):
-        return []
-    dropped: list[str] = []
-    kept: list[Any] = []
-    for part in content:
-        if isinstance(part, dict):
-            kind = part.get("type")
-            keys = fields.PARTS.get(kind) if isinstance(kind, str) else None
-            if keys is None:
-                dropped.append(where)
-                continue
-            dropped += _drop(part, keys, where)
-            for name, allowed in fields.PAYLOAD.items():
-                if isinstance(part.get(name), dict):
-                    dropped += _drop(part[name], allowed, f"{where}.{name}")
-        kept.append(part)
-    content[:] = kept
-    return dropped
-
-
-def _messages(messages: Any) -> list[str]:
-    dropped: list[str] = []
-    for message in messages if isinstance(messages, list) else ():
-        if isinstance(message, dict):
-            dropped += _drop(message, fields.MESSAGE, "messages")
-            dropped += _parts(message.get("content"), "messages.content")
-    return dropped
-
-
-def _input_items(items: Any) -> list[str]:
-    """Responses `input`: items pointing at stored state are dropped; the others lose any
-    NEVER key and their content parts are allowlisted like chat's."""
-    if not isinstance(items, list):
-        return []
-    dropped: list[str] = []
-    kept: list[Any] = []
-    for item in items:
-        if isinstance(item, dict):
-            if item.get("type") in fields.STORED_ITEMS:
-                dropped.append("input")
-                continue
-            dropped += _drop(item, [k for k in item if k not in fields.NEVER], "input")
-            dropped += _parts(item.get("content"), "input.content")
-        kept.append(item)
-    items[:] = kept
-    return dropped
-
-
-@functools.lru_cache(maxsize=256)  # per path and backend: a handful in any policy
-def _allowed(path: str, extras: frozenset[str]) -> tuple[frozenset[str], dict[str, frozenset[str]]]:
-    """The top-level names a body may keep, and the inner names kept under a top-level object.
-    Callers never mutate what this returns (it is shared)."""
-    allowed = (fields.OPENAI[path] | {e for e in extras if "." not in e}) - fields.NEVER
-    nested: dict[str, set[str]] = {}
-    for extra in extras - fields.NEVER:
-        if "." in extra:
-            top, inner = extra.split(".", 1)
-            nested.setdefault(top, set()).add(inner)
-    return allowed, {top: frozenset(inner) for top, inner in nested.items()}
-
-
-def prune(path: str, body: dict[str, Any], extras: frozenset[str]) -> list[str]:
-    """Remove every field `body` may not carry to a backend allowed `extras`; return their
-    dotted paths (without list indices), in body order."""
-    allowed, nested = _allowed(path, extras)
-    dropped: list[str] = []
-    for key in list(body):
-        if key in nested and isinstance(body[key], dict):
-            dropped += _drop(body[key], nested[key], key)
-        elif key not in allowed:
-            del body[key]
-            dropped.append(key)
-    if path == CHAT:
-        dropped += _messages(body.get("messages"))
-    elif path == RESPONSES:
-        dropped += _input_items(body.get("input"))
-    return dropped
-
-
-def label(name: str) -> str:
-    """A bounded metric label: the dropped field's name when it is a known one."""
-    return name if name in fields.KNOWN else "other"
+from gateway.state import BODY, ROUTE, RUNTIME
 
 
 async def allow_fields(request: web.Request) -> None:
-    route = request[ROUTE]
-    dropped = prune(request.path, request[BODY], route.backend.extra_fields)
-    if not dropped:
-        return
-    mode = request[RUNTIME].policy.gateway.unknown_fields
-    metrics = request.app[METRICS]
-    for name in dropped:
-        metrics.child(metrics.unknown_fields, route.backend.name, label(name), mode.value).inc()
-    if mode is UnknownFieldMode.REJECT:
-        raise UnknownField(
-            f"body field {dropped[0][:MAX_NAME_SHOWN]!r} is not accepted for this model"
-        )
+    backend = request[ROUTE].backend
+    dropped = prune(request.path, request[BODY], backend.extra_fields)
+    if dropped:  # the policy's mode matters only then
+        reject = request[RUNTIME].policy.gateway.unknown_fields is UnknownFieldMode.REJECT
+        account(dropped, backend.name, reject, request.app[METRICS])

@@ -5,7 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.errors import Unauthenticated
-from gateway.state import METRICS, RUNTIME, TENANT
+from gateway.metrics import METRICS
+from gateway.state import RUNTIME, TENANT
 
 
 def _presented_key(request: web.Request) -> str | None:

@@ -1,8 +1,8 @@
 """Body reading: size-limited, deadline-bound, parsed as one JSON object.
 
 Parsing and later re-serialising means duplicate keys and parser quirks never reach a backend;
-integers beyond 64 bits are kept exact (`gateway.jsonbody`). A body whose framing breaks while
-it is read (a bad chunk, bad compression) is a 400, counted as malformed, never a 500.
+integers beyond 64 bits are kept exact (`gateway.inputs.jsonbody`). A body whose framing breaks
+while it is read (a bad chunk, bad compression) is a 400, counted as malformed, never a 500.
 
 A compressed body (`Content-Encoding: gzip` or `deflate`, one layer) is decoded as it arrives,
 in bounded steps, and the size cap counts the decoded bytes, so a compression bomb is a 413 after
@@ -15,7 +15,6 @@ import asyncio
 
 from aiohttp import web
 
-from gateway import jsonbody
 from gateway.errors import (
     BadRequest,
     BodyTooLarge,
@@ -23,7 +22,9 @@ from gateway.errors import (
     RequestTimeout,
     UnsupportedEncoding,
 )
-from gateway.state import BODY, EDGE, RUNTIME
+from gateway.inputs import jsonbody
+from gateway.listener.edge import EDGE
+from gateway.state import BODY, RUNTIME
 
 ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
 

@@ -1,5 +1,5 @@
 """Per-tenant limits: requests per second, requests in flight and tokens per minute, shared by
-every worker (gateway.limits). Runs right after authentication, before the body is read.
+every worker (gateway.fleet.local_limits). Runs right after authentication, before the body is read.
 
 With `gateway.shared`, the limits hold across gateway replicas (gateway.fleet.limiter).
 
@@ -12,8 +12,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.errors import RateLimited
-from gateway.fleet.limiter import Admission
-from gateway.state import ADMISSION, ADMITTED, LIMITER, METRICS, TENANT
+from gateway.fleet.limiter import LIMITER, Admission
+from gateway.metrics import METRICS
+from gateway.state import ADMISSION, ADMITTED, TENANT
 
 
 async def admit(request: web.Request) -> None:

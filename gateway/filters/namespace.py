@@ -13,8 +13,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from gateway.errors import MissingScopeValue
-from gateway.policy.model import Scope
-from gateway.policy.tenant_model import Tenant
+from gateway.policy.tenant_model import Scope, Tenant
 from gateway.state import BODY, NAMESPACE, PROMPT_CACHE_KEY, ROUTE, RUNTIME, TENANT
 
 MAX_SCOPE_VALUE: Final = 512

@@ -13,10 +13,10 @@ from typing import Final
 
 from aiohttp import web
 
-from gateway.adapters.base import CHAT
 from gateway.errors import PublicMarkRefused
-from gateway.policy.model import Scope
-from gateway.public import MARK_HEADER, marked, match_chat, match_prompt, plain_messages
+from gateway.inputs.paths import CHAT
+from gateway.policy.prefixes import MARK_HEADER, marked, match_chat, match_prompt, plain_messages
+from gateway.policy.tenant_model import Scope
 from gateway.state import BODY, NAMESPACE, PUBLIC, ROUTE, RUNTIME, TENANT
 from kvfence.public import PublicPart
 

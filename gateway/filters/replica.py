@@ -10,21 +10,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway import jsonbody
 from gateway.errors import BackendQuarantined
-from gateway.filters.allowlist import allow_fields
-from gateway.liveness import LIVENESS
+from gateway.inputs import jsonbody
 from gateway.policy.runtime import Route
-from gateway.state import (
-    BODY,
-    CANDIDATES,
-    NAMESPACE,
-    REPLICAS,
-    ROUTE,
-    RUNTIME,
-    UNSCOPED_BODY,
-    VERIFY,
-)
+from gateway.routing.liveness import LIVENESS
+from gateway.routing.replicas import REPLICAS
+from gateway.routing.retarget import retarget
+from gateway.state import BODY, CANDIDATES, NAMESPACE, ROUTE, RUNTIME, UNSCOPED_BODY
+from gateway.verify.service import VERIFY
 
 
 def candidates(request: web.Request) -> list[Route]:
@@ -41,17 +34,6 @@ def candidates(request: web.Request) -> list[Route]:
     )
 
 
-async def retarget(request: web.Request, route: Route) -> None:
-    """Make `route` the request's backend; the body is restored to its form before the adapter
-    step (which the caller runs next). Fields another backend does not take are pruned again."""
-    previous = request[ROUTE]
-    request[ROUTE] = route
-    if UNSCOPED_BODY in request:
-        request[BODY] = jsonbody.loads(request[UNSCOPED_BODY])
-    if route.backend.extra_fields != previous.backend.extra_fields:
-        await allow_fields(request)
-
-
 async def pick_replica(request: web.Request) -> None:
     route = request[ROUTE]
     if len(request[RUNTIME].routes[route.model.name]) < 2:
@@ -66,6 +48,6 @@ async def pick_replica(request: web.Request) -> None:
     tries = tuple(order[: 1 + request[RUNTIME].policy.gateway.routing.retries])
     request[CANDIDATES] = tries
     if tries[0] is not route:
-        await retarget(request, tries[0])
+        retarget(request, tries[0])
     if len(tries) > 1:
         request[UNSCOPED_BODY] = jsonbody.dumps(request[BODY])

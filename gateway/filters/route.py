@@ -10,7 +10,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.errors import BackendQuarantined, BadRequest, ModelNotFound, NotSupported
-from gateway.state import BODY, ROUTE, RUNTIME, TENANT, VERIFY
+from gateway.state import BODY, ROUTE, RUNTIME, TENANT
+from gateway.verify.service import VERIFY
 
 
 async def choose_route(request: web.Request) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.errors import ClientInputRejected
-from gateway.filters.sanitize import scoping_headers, strip_body
-from gateway.policy.model import ClientInputMode, Scope
-from gateway.state import BODY, METRICS, PROMPT_CACHE_KEY, RUNTIME, TENANT
+from gateway.inputs.scoping import scoping_headers, strip_body
+from gateway.metrics import METRICS
+from gateway.policy.model import ClientInputMode
+from gateway.policy.tenant_model import Scope
+from gateway.state import BODY, PROMPT_CACHE_KEY, RUNTIME, TENANT
 
 
 async def scrub_client_inputs(request: web.Request) -> None:

@@ -1,2 +1,2 @@
-"""Beyond one machine: several backends per model (affinity routing, ejection, failover) and the
-state gateway replicas share in Redis (tenant limits, quarantine and canary state)."""
+"""State the gateway's workers and replicas share: tenant limits and each backend's health, each
+as a local table (one gateway's workers, through files) beside its Redis twin (every replica)."""

@@ -19,9 +19,9 @@ from pathlib import Path
 import orjson
 from redis.exceptions import WatchError
 
+from gateway.fleet.local_health import REFRESH_S, Health, HealthBoard
 from gateway.fleet.store import SharedStore
 from gateway.fleet.unavailable import SharedUnavailable
-from gateway.verify.health import REFRESH_S, Health, HealthBoard
 
 log = logging.getLogger("kvfence.gateway.shared")
 Change = Callable[[Health], Health]

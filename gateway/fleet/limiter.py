@@ -1,4 +1,4 @@
-"""Which table a tenant's limits are taken from: this gateway's own (`gateway.limits`, shared by
+"""Which table a tenant's limits are taken from: this gateway's own (`local_limits`, shared by
 its workers), or Redis when the policy has `gateway.shared`, with the policy's `on_failure`
 while Redis cannot be reached: `closed` refuses (503), `local` takes this gateway's table.
 
@@ -15,9 +15,11 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from aiohttp import web
+
 from gateway.errors import SharedStateUnavailable
+from gateway.fleet.local_limits import Refusal, SharedLimits
 from gateway.fleet.unavailable import SharedUnavailable
-from gateway.limits import Refusal, SharedLimits
 from gateway.policy.tenant_model import Tenant
 
 if TYPE_CHECKING:  # Redis is imported only when the policy has `gateway.shared`
@@ -91,3 +93,6 @@ class Limiter:
         """Wait for releases still on their way (at shutdown)."""
         if self._releases:
             await asyncio.gather(*self._releases, return_exceptions=True)
+
+
+LIMITER = web.AppKey("kvfence_limiter", Limiter)  # tenant limits: local or in Redis

@@ -1,5 +1,5 @@
 """Per-tenant limits held in Redis, so every gateway replica (and every worker of each) gives a
-tenant one allowance: the same token buckets and in-flight count as `gateway.limits`, each
+tenant one allowance: the same token buckets and in-flight count as `local_limits`, each
 admission one atomic script run on Redis's clock.
 
 Invariant: an admission is one script (read, refill, decide, take) on the server, so replicas
@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from typing import Final
 
+from gateway.fleet.local_limits import Refusal
 from gateway.fleet.store import SharedStore
-from gateway.limits import Refusal
 from gateway.policy.tenant_model import TenantLimits
 
 # KEYS: bucket hash, in-flight sorted set. ARGV: rps, burst, concurrent, tpm, token, lease_s.
@@ -65,6 +65,12 @@ return 1
 """
 
 
+def admit_args(limits: TenantLimits, token: str, lease_s: float) -> list[str | float]:
+    """`_ADMIT`'s ARGV for one request under `limits` (a tenant without a rate has no burst)."""
+    burst = limits.burst if limits.requests_per_s else 1e18
+    return [limits.requests_per_s, burst, limits.concurrent, limits.tokens_per_min, token, lease_s]
+
+
 class RedisLimits:
     def __init__(self, store: SharedStore) -> None:
         self.store = store
@@ -78,16 +84,7 @@ class RedisLimits:
         """Take one request's allowance: (its lease token, None), or (_, why not). Raises
         `SharedUnavailable` when Redis cannot answer."""
         token = os.urandom(12).hex()
-        rps, lease = limits.requests_per_s, self.store.settings.lease_s
-        burst = limits.burst if rps else 1e18
-        args: list[str | float] = [
-            rps,
-            burst,
-            limits.concurrent,
-            limits.tokens_per_min,
-            token,
-            lease,
-        ]
+        args = admit_args(limits, token, self.store.settings.lease_s)
         reason, wait = await self.store.call(
             "admit", self._admit(keys=self._keys(tenant), args=args)
         )

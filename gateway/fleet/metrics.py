@@ -1,7 +1,7 @@
-"""The fleet's metrics (`kvfence_gateway_` prefix), registered with the app's `Metrics`: retries
-and ejections per backend, and the shared state's reachability and failures.
+"""The shared state's metrics (`kvfence_gateway_` prefix), registered with the app's `Metrics`:
+the Redis operations that failed, and the decisions taken without Redis.
 
-Invariant: labels are backend names from the policy or fixed operation names.
+Invariant: labels are fixed operation and decision names.
 """
 
 from __future__ import annotations
@@ -15,18 +15,6 @@ from gateway.metrics import Metrics
 class FleetMetrics:
     def __init__(self, metrics: Metrics) -> None:
         p, r = "kvfence_gateway_", metrics.registry
-        self.retries = Counter(
-            p + "retries",
-            "Requests retried on another backend after this one failed before answering",
-            ["backend"],
-            registry=r,
-        )
-        self.ejections = Counter(
-            p + "ejections",
-            "Backends ejected by this worker after consecutive errors",
-            ["backend"],
-            registry=r,
-        )
         self.shared_failures = Counter(
             p + "shared_state_failures",
             "Redis operations that failed (the policy's on_failure applied)",

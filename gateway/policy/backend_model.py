@@ -6,12 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from gateway.policy.secrets import Secret, SecretRef
 from kvfence.keyfile import TrustStore
-
-if TYPE_CHECKING:
-    from gateway.policy.model import Secret, SecretRef
 
 
 class AuditMode(StrEnum):

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from gateway.adapters.registry import ADAPTERS
-from gateway.filters.fields import extra_field_problem
+from gateway.inputs.fields import extra_field_problem
 from gateway.policy.backend_model import (
     AuditMode,
     Backend,
@@ -23,7 +23,7 @@ from gateway.policy.backend_model import (
     VerifySettings,
 )
 from gateway.policy.keys import read_trust
-from gateway.policy.node import Node, unique_items
+from gateway.policy.node import Node, optional, unique_items
 from gateway.policy.secrets import resolve
 from gateway.policy.verify import read_verify
 
@@ -88,7 +88,7 @@ def _verify(f: dict[str, Node], kind: str, base: Path) -> VerifySettings | None:
         if "verify" in f:
             f["verify"].fail(f"kind {kind} takes no verify settings (only {sorted(_VERIFIABLE)})")
         return None
-    return read_verify(f["verify"], base) if "verify" in f else VerifySettings()
+    return read_verify(f["verify"], base) if "verify" in f else VerifySettings()  # scoped kinds
 
 
 def _backend(
@@ -99,23 +99,31 @@ def _backend(
     for key in _KVFENCE_ONLY & f.keys():
         if kind != "kvfence":
             f[key].fail("only a backend of kind kvfence takes this key")
-    allow_unscoped = f["allow_unscoped"].boolean() if "allow_unscoped" in f else False
-    if not ADAPTERS[kind].scoped and not allow_unscoped:
+    scoping = optional(f, allow_unscoped=Node.boolean)
+    if not ADAPTERS[kind].scoped and not scoping.get("allow_unscoped"):
         f["kind"].fail(f"kind {kind} cannot scope its prefix cache; set allow_unscoped: true")
-    extra = _extra_fields(f["extra_fields"], kind) if "extra_fields" in f else frozenset()
+    extra = optional(f, extra_fields=lambda n: _extra_fields(n, kind))
+    name = f["name"].text(_NAME_RE)
+    url = f["url"].text(_URL_RE, "like http://host:port").rstrip("/")
+    models = _models(f["models"], ADAPTERS[kind].scoped, seen)
+    api_key = optional(f, api_key=lambda n: resolve(n, env, base, 1))
+    kvfence = _kvfence(f, base) if kind == "kvfence" else None
     return Backend(
-        name=f["name"].text(_NAME_RE),
-        kind=kind,
-        url=f["url"].text(_URL_RE, "like http://host:port").rstrip("/"),
-        models=_models(f["models"], ADAPTERS[kind].scoped, seen),
-        allow_unscoped=allow_unscoped,
-        api_key=resolve(f["api_key"], env, base, 1) if "api_key" in f else None,
-        kvfence=_kvfence(f, base) if kind == "kvfence" else None,
-        audit=AuditMode(f["audit"].choice(tuple(AuditMode))) if "audit" in f else AuditMode.ENFORCE,
+        name,
+        kind,
+        url,
+        models,
+        kvfence=kvfence,
         verify=_verify(f, kind, base),
-        extra_fields=extra,
-        required=f["required"].boolean() if "required" in f else True,
-        weight=f["weight"].number(0.01, 1000.0) if "weight" in f else 1.0,
+        **scoping,
+        **extra,
+        **api_key,
+        **optional(
+            f,
+            audit=lambda n: AuditMode(n.choice(tuple(AuditMode))),
+            required=Node.boolean,
+            weight=lambda n: n.number(0.01, 1000.0),
+        ),
     )
 
 

@@ -13,9 +13,9 @@ from typing import Final
 
 import yaml
 
-from gateway.policy.model import AuditLogSettings, FsyncMode, HandleKey, SecretRef
-from gateway.policy.node import Node
-from gateway.policy.secrets import read_ref, resolve
+from gateway.policy.model import AuditLogSettings, FsyncMode, HandleKey
+from gateway.policy.node import Node, optional
+from gateway.policy.secrets import SecretRef, read_ref, resolve
 from kvfence.keyfile import KEY_ID_RE, KeyFileError, TrustStore, load_private_key
 
 _F = frozenset
@@ -90,20 +90,17 @@ def _anchor(node: Node, path: Path, log_path: Path) -> Path:
 
 def read_audit_log(node: Node, env: Mapping[str, str], base: Path) -> AuditLogSettings:
     f = node.mapping(_AUDIT_REQ, _AUDIT_OPT)
-    d = AuditLogSettings(Path(), resolve(f["key"], env, base, MIN_AUDIT_KEY_BYTES))
+    key = resolve(f["key"], env, base, MIN_AUDIT_KEY_BYTES)
     path = writable_file(f["path"], base / f["path"].text())
-    fsync = FsyncMode(f["fsync"].choice(("always", "batch"))) if "fsync" in f else d.fsync
-    batch_ms = f["batch_max_ms"].positive() if "batch_max_ms" in f else d.batch_max_ms
     return AuditLogSettings(
-        path=path,
-        key=d.key,
-        fsync=fsync,
-        batch_max_records=f["batch_max_records"].integer(1, 1 << 20)
-        if "batch_max_records" in f
-        else d.batch_max_records,
-        batch_max_ms=batch_ms,
-        rotate_bytes=f["rotate_bytes"].integer(4096, 1 << 40)
-        if "rotate_bytes" in f
-        else d.rotate_bytes,
-        anchor=_anchor(f["anchor"], base / f["anchor"].text(), path) if "anchor" in f else None,
+        path,
+        key,
+        **optional(
+            f,
+            fsync=lambda n: FsyncMode(n.choice(("always", "batch"))),
+            batch_max_ms=Node.positive,
+            batch_max_records=lambda n: n.integer(1, 1 << 20),
+            rotate_bytes=lambda n: n.integer(4096, 1 << 40),
+            anchor=lambda n: _anchor(n, base / n.text(), path),
+        ),
     )

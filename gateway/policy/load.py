@@ -9,26 +9,24 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gateway.policy.backends import named_models, read_backends
 from gateway.policy.fleet import read_routing, read_shared
 from gateway.policy.keys import read_audit_log, read_handle_key, read_handle_ttl
 from gateway.policy.model import (
-    AdminSettings,
     ClientInputMode,
     ClientLimits,
     GatewaySettings,
-    HistorySettings,
     Listen,
     NamespaceKeySpec,
     Policy,
-    RoutingSettings,
     Timeouts,
     UnknownFieldMode,
 )
-from gateway.policy.node import Bail, Node, PolicyError, compose, guarded
+from gateway.policy.node import Bail, Node, PolicyError, compose, guarded, optional
 from gateway.policy.public import read_public
 from gateway.policy.secrets import resolve
 from gateway.policy.tenant_model import PublicSettings
@@ -52,8 +50,7 @@ _HOST_RE = re.compile(r"^[A-Za-z0-9.:_-]+$")
 def _listen(node: Node) -> Listen:
     f = node.mapping(_F(), _F({"host", "port"}))
     return Listen(
-        host=f["host"].text(_HOST_RE) if "host" in f else "127.0.0.1",
-        port=f["port"].integer(0, 65535) if "port" in f else 8080,
+        **optional(f, host=lambda n: n.text(_HOST_RE), port=lambda n: n.integer(0, 65535))
     )
 
 
@@ -66,10 +63,8 @@ def _keys(node: Node, env: Mapping[str, str], base: Path) -> tuple[NamespaceKeyS
             key_id = f["id"].text(KEY_ID_RE, "of [A-Za-z0-9_-], at most 32")
             if any(k.id == key_id for k in keys):
                 f["id"].fail(f"duplicate namespace key id {key_id}")
-            active = f["active"].boolean() if "active" in f else False
-            return NamespaceKeySpec(
-                key_id, resolve(f["secret"], env, base, MIN_SECRET_BYTES), active
-            )
+            secret = resolve(f["secret"], env, base, MIN_SECRET_BYTES)
+            return NamespaceKeySpec(key_id, secret, **optional(f, active=Node.boolean))
 
         key = guarded(one)
         if key is not None:
@@ -80,90 +75,56 @@ def _keys(node: Node, env: Mapping[str, str], base: Path) -> tuple[NamespaceKeyS
 
 
 def _timeouts(node: Node) -> Timeouts:
-    f = node.mapping(_F(), _F({"connect_s", "first_byte_s", "idle_s"}))
-    d = Timeouts()
-    return Timeouts(*(f[k].positive() if k in f else getattr(d, k) for k in Timeouts.__slots__))
+    f = node.mapping(_F(), _F(Timeouts.__slots__))
+    return Timeouts(**optional(f, **dict.fromkeys(Timeouts.__slots__, Node.positive)))
 
 
 def _limits(node: Node) -> ClientLimits:
     f = node.mapping(_F(), _F(ClientLimits.__slots__))
-    d = ClientLimits()
     return ClientLimits(
-        header_timeout_s=f["header_timeout_s"].positive()
-        if "header_timeout_s" in f
-        else d.header_timeout_s,
-        body_timeout_s=f["body_timeout_s"].positive()
-        if "body_timeout_s" in f
-        else d.body_timeout_s,
-        max_body_bytes=f["max_body_bytes"].integer(1024, 1 << 31)
-        if "max_body_bytes" in f
-        else d.max_body_bytes,
-        max_connections=f["max_connections"].integer(1, 1 << 20)
-        if "max_connections" in f
-        else d.max_connections,
-        max_connections_per_client=f["max_connections_per_client"].integer(1, 1 << 20)
-        if "max_connections_per_client" in f
-        else d.max_connections_per_client,
-        max_in_flight=f["max_in_flight"].integer(1, 1 << 20)
-        if "max_in_flight" in f
-        else d.max_in_flight,
-        write_timeout_s=f["write_timeout_s"].positive()
-        if "write_timeout_s" in f
-        else d.write_timeout_s,
-        max_answer_bytes=f["max_answer_bytes"].integer(1024, 1 << 34)
-        if "max_answer_bytes" in f
-        else d.max_answer_bytes,
+        **optional(
+            f,
+            header_timeout_s=Node.positive,
+            body_timeout_s=Node.positive,
+            max_body_bytes=lambda n: n.integer(1024, 1 << 31),
+            max_connections=lambda n: n.integer(1, 1 << 20),
+            max_connections_per_client=lambda n: n.integer(1, 1 << 20),
+            max_in_flight=lambda n: n.integer(1, 1 << 20),
+            write_timeout_s=Node.positive,
+            max_answer_bytes=lambda n: n.integer(1024, 1 << 34),
+        )
     )
 
 
 def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
     f = node.mapping(_GATEWAY_REQ, _GATEWAY_OPT)
-
-    def opt(key: str, read: Callable[[Node], T], default: T) -> T | None:
-        return guarded(lambda: read(f[key])) if key in f else default
-
+    readers: dict[str, Callable[[Node], Any]] = {
+        "listen": _listen,
+        "client_inputs": _client_inputs,
+        "unknown_fields": _unknown_fields,
+        "timeouts": _timeouts,
+        "limits": _limits,
+        "access_log": Node.boolean,
+        "handle_key": lambda n: read_handle_key(n, base),
+        "handle_ttl_s": read_handle_ttl,
+        "audit_log": lambda n: read_audit_log(n, env, base),
+        "admin": lambda n: read_admin(n, env, base),
+        "state_dir": lambda n: base / n.text(),
+        "history": read_history,
+        "routing": read_routing,
+        "shared": lambda n: read_shared(n, env, base),
+    }
     keys = guarded(lambda: _keys(f["namespace_keys"], env, base))
     pepper = guarded(lambda: resolve(f["api_key_pepper"], env, base, MIN_PEPPER_BYTES))
-    listen = opt("listen", _listen, Listen())
-    mode = opt("client_inputs", _client_inputs, ClientInputMode.STRIP)
-    unknown = opt("unknown_fields", _unknown_fields, UnknownFieldMode.DROP)
-    timeouts = opt("timeouts", _timeouts, Timeouts())
-    limits = opt("limits", _limits, ClientLimits())
-    access_log = opt("access_log", Node.boolean, True)
-    handle_key = opt("handle_key", lambda n: read_handle_key(n, base), None)
-    handle_ttl = opt("handle_ttl_s", read_handle_ttl, 60.0)
-    audit_log = opt("audit_log", lambda n: read_audit_log(n, env, base), None)
-    admin = opt("admin", lambda n: read_admin(n, env, base), AdminSettings())
-    state_dir = opt("state_dir", lambda n: base / n.text(), None)
-    history = opt("history", read_history, HistorySettings())
-    routing = opt("routing", read_routing, RoutingSettings())
-    shared = opt("shared", lambda n: read_shared(n, env, base), None)
-    read = (("handle_key", handle_key), ("audit_log", audit_log), ("state_dir", state_dir))
-    unread = [k for k, v in (*read, ("shared", shared)) if k in f and v is None]
-    required = (keys, pepper, listen, mode, unknown, timeouts, limits, access_log, handle_ttl)
-    if unread or None in required or admin is None or history is None or routing is None:
+    # Each section on its own, so one run reports every section's errors (None: it had one).
+    settings = optional(f, **{k: partial(_section, read) for k, read in readers.items()})
+    if keys is None or pepper is None or None in settings.values():
         raise Bail()
-    assert keys is not None and pepper is not None and listen is not None
-    assert mode is not None and unknown is not None and timeouts is not None
-    assert limits is not None and access_log is not None and handle_ttl is not None
-    return GatewaySettings(
-        namespace_keys=keys,
-        api_key_pepper=pepper,
-        listen=listen,
-        client_inputs=mode,
-        unknown_fields=unknown,
-        timeouts=timeouts,
-        limits=limits,
-        access_log=access_log,
-        handle_key=handle_key,
-        handle_ttl_s=handle_ttl,
-        audit_log=audit_log,
-        admin=admin,
-        state_dir=state_dir,
-        history=history,
-        routing=routing,
-        shared=shared,
-    )
+    return GatewaySettings(namespace_keys=keys, api_key_pepper=pepper, **settings)
+
+
+def _section(read: Callable[[Node], T], node: Node) -> T | None:
+    return guarded(lambda: read(node))
 
 
 def _client_inputs(node: Node) -> ClientInputMode:

@@ -1,4 +1,7 @@
-"""The policy, version 1, as frozen dataclasses: what `gateway.policy.load` returns.
+"""The policy, version 1, as frozen dataclasses: what `gateway.policy.load` returns. The whole
+and the gateway's settings here; the backends in `backend_model`, the tenants and public
+prefixes in `tenant_model`, a secret reference in `secrets` (each imports none of the others
+but `secrets`, so the policy's types form no cycle).
 
 Invariant: a `Policy` is fully validated and its secrets resolved; requests only read it, and a
 reload replaces the whole object.
@@ -13,14 +16,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gateway.policy.backend_model import Backend
+from gateway.policy.secrets import Secret, SecretRef
 from gateway.policy.tenant_model import PublicSettings, Tenant
-
-
-class Scope(StrEnum):
-    TENANT = "tenant"
-    USER = "user"
-    SESSION = "session"
-    REQUEST = "request"  # each request its own namespace: no reuse at all
 
 
 class ClientInputMode(StrEnum):
@@ -31,23 +28,6 @@ class ClientInputMode(StrEnum):
 class UnknownFieldMode(StrEnum):
     DROP = "drop"
     REJECT = "reject"
-
-
-@dataclass(frozen=True, slots=True)
-class SecretRef:
-    """`{env: NAME}` or `{file: PATH}`; never the secret itself."""
-
-    source: str  # "env" | "file"
-    name: str
-
-    def __str__(self) -> str:
-        return f"{{{self.source}: {self.name}}}"
-
-
-@dataclass(frozen=True, slots=True)
-class Secret:
-    ref: SecretRef
-    value: bytes = field(repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +120,7 @@ class RoutingStrategy(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RoutingSettings:
-    """How a model served by several backends picks one (gateway.routing, gateway.failover)."""
+    """How a model served by several backends picks one (gateway.routing)."""
 
     strategy: RoutingStrategy = RoutingStrategy.AFFINITY
     retries: int = 1  # further backends tried when one fails before the first byte

@@ -7,10 +7,10 @@ Invariant: a read either returns a value of the asked type or records one error 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import yaml
 
@@ -166,6 +166,13 @@ def yaml_error(exc: yaml.YAMLError, source: str) -> str:
     elif context:
         text += f" ({context})"
     return text
+
+
+def optional(f: Mapping[str, Node], **read: Callable[[Node], Any]) -> dict[str, Any]:
+    """The optional keys present in `f`, each read by its reader, by field name, in the readers'
+    order. A key left out is left out here too, so the dataclass's own default applies: every
+    default is stated once, on its dataclass (`Cls(required..., **optional(f, ...))`)."""
+    return {name: reader(f[name]) for name, reader in read.items() if name in f}
 
 
 def guarded(read: Callable[[], T]) -> T | None:

@@ -8,13 +8,13 @@ file is read once, here; nothing is ever made public by counting who sent it.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Final
 
-from gateway.policy.model import Scope
-from gateway.policy.node import Node, unique_items
-from gateway.policy.tenant_model import PublicPrefix, PublicSettings, TenantPublic
+from gateway.policy.node import Node, optional, unique_items
+from gateway.policy.tenant_model import PublicPrefix, PublicSettings, Scope, TenantPublic
 
 _F = frozenset
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -71,25 +71,28 @@ def _prefix(node: Node, served: set[str], base: Path) -> PublicPrefix:
 
 def read_public(node: Node, served: set[str], base: Path) -> PublicSettings:
     f = node.mapping(_F(), _F({"prefixes", "cache"}))
-    ceiling, floor = PublicSettings().ceiling, PublicSettings().floor
-    if "cache" in f:
-        c = f["cache"].mapping(_F(), _F({"ceiling", "floor"}))
-        ceiling = c["ceiling"].number(0.01, 1.0) if "ceiling" in c else ceiling
-        floor = c["floor"].number(0.0, 1.0) if "floor" in c else min(floor, ceiling)
-        if floor > ceiling:
-            c["floor"].fail(f"must not exceed the ceiling ({ceiling:g})")
-    prefixes: tuple[PublicPrefix, ...] = ()
+    c = f["cache"].mapping(_F(), _F({"ceiling", "floor"})) if "cache" in f else {}
+    settings = PublicSettings(
+        **optional(c, ceiling=lambda n: n.number(0.01, 1.0), floor=lambda n: n.number(0.0, 1.0))
+    )
+    if "floor" not in c:  # the default floor never exceeds a lower ceiling
+        settings = replace(settings, floor=min(settings.floor, settings.ceiling))
+    elif settings.floor > settings.ceiling:
+        c["floor"].fail(f"must not exceed the ceiling ({settings.ceiling:g})")
     if "prefixes" in f:
         read = partial(_prefix, served=served, base=base)
         prefixes = unique_items(f["prefixes"], read, lambda p: p.name, "public prefix name")
-    return PublicSettings(prefixes, ceiling, floor)
+        settings = replace(settings, prefixes=prefixes)
+    return settings
 
 
-def read_tenant_public(node: Node, scope: Scope) -> TenantPublic:
-    """A tenant's `public: {declared, own}`; scope `request` reuses nothing, public included."""
-    f = node.mapping(_F(), _F({"declared", "own"}))
-    declared = f["declared"].boolean() if "declared" in f else scope is not Scope.REQUEST
-    own = f["own"].boolean() if "own" in f else False
-    if scope is Scope.REQUEST and (declared or own):
+def read_tenant_public(node: Node | None, scope: Scope) -> TenantPublic:
+    """A tenant's `public: {declared, own}` (None: not given); scope `request` reuses nothing,
+    public included, so it declares nothing unless told to (and then it is refused)."""
+    f = node.mapping(_F(), _F({"declared", "own"})) if node is not None else {}
+    public = TenantPublic(**optional(f, declared=Node.boolean, own=Node.boolean))
+    if scope is Scope.REQUEST and "declared" not in f:
+        public = replace(public, declared=False)
+    if node is not None and scope is Scope.REQUEST and (public.declared or public.own):
         node.fail("scope request reuses nothing: no public prefixes")
-    return TenantPublic(declared, own)
+    return public

@@ -36,6 +36,9 @@ class PolicyHolder:
         self.runtime = runtime
 
 
+HOLDER = web.AppKey("kvfence_policy_holder", PolicyHolder)
+
+
 def fingerprint(path: Path) -> Fingerprint | None:
     """mtime, size and content hash (blocking: run in a thread)."""
     try:

@@ -13,12 +13,13 @@ from typing import Final
 import aiohttp
 from yarl import URL
 
-from gateway.adapters.base import PROXIED_PATHS, Adapter
+from gateway.adapters.base import Adapter
 from gateway.adapters.kvfence import KvfenceAdapter
 from gateway.adapters.registry import ADAPTERS
+from gateway.inputs.paths import PROXIED_PATHS
 from gateway.policy.backend_model import Backend, ModelSpec
-from gateway.policy.model import Policy, Scope
-from gateway.policy.tenant_model import PublicPrefix, Tenant
+from gateway.policy.model import Policy
+from gateway.policy.tenant_model import PublicPrefix, Scope, Tenant
 from kvfence.apikey import is_well_formed, key_digest
 from kvfence.attestation import AttestationVerifier
 from kvfence.handle import HandleSigner
@@ -37,11 +38,12 @@ class Route:
 
 
 def _adapter(policy: Policy, backend: Backend) -> Adapter:
-    handle_key = policy.gateway.handle_key
-    if backend.kind == KvfenceAdapter.kind and handle_key is not None:
+    handle_key, options = policy.gateway.handle_key, backend.kvfence
+    if backend.kind == KvfenceAdapter.kind and handle_key is not None and options is not None:
         signer = HandleSigner(handle_key.key, handle_key.id)
-        return KvfenceAdapter(backend, signer, policy.gateway.handle_ttl_s)
-    return ADAPTERS[backend.kind](backend)
+        revisions = {m.name: m.revision for m in backend.models}
+        return KvfenceAdapter(signer, options.audience, revisions, policy.gateway.handle_ttl_s)
+    return ADAPTERS[backend.kind]()
 
 
 class Runtime:

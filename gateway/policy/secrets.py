@@ -1,4 +1,5 @@
-"""Secret references: `{env: NAME}` or `{file: PATH}` (relative to the policy's folder).
+"""Secret references: `{env: NAME}` or `{file: PATH}` (relative to the policy's folder), the
+type every part of the policy holds a secret in, and how one is read.
 
 Invariant: a secret is never written inline in a policy; a missing or empty one is an error.
 """
@@ -6,15 +7,32 @@ Invariant: a secret is never written inline in a policy; a missing or empty one 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from gateway.policy.model import Secret, SecretRef
 from gateway.policy.node import Node
 from kvfence.secrets import SecretError, from_env, from_file
 
 _KEYS = frozenset({"env", "file"})
+
+
+@dataclass(frozen=True, slots=True)
+class SecretRef:
+    """`{env: NAME}` or `{file: PATH}`; never the secret itself."""
+
+    source: str  # "env" | "file"
+    name: str
+
+    def __str__(self) -> str:
+        return f"{{{self.source}: {self.name}}}"
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    ref: SecretRef
+    value: bytes = field(repr=False)
 
 
 FORMS = (

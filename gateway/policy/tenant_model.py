@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from enum import StrEnum
 
-if TYPE_CHECKING:
-    from gateway.policy.model import Scope
+
+class Scope(StrEnum):
+    TENANT = "tenant"
+    USER = "user"
+    SESSION = "session"
+    REQUEST = "request"  # each request its own namespace: no reuse at all
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,9 +19,13 @@ class TenantLimits:
     """What one tenant may use, across every worker of the gateway (0: no limit)."""
 
     requests_per_s: float = 0.0
-    burst: float = 0.0  # the requests a full bucket allows at once (default: one second's)
+    burst: float = 0.0  # the requests a full bucket allows at once (0: one second's, at least 1)
     concurrent: int = 0  # requests in flight
     tokens_per_min: int = 0  # prompt + completion tokens, charged from each answer's usage
+
+    def __post_init__(self) -> None:
+        if not self.burst:
+            object.__setattr__(self, "burst", max(1.0, self.requests_per_s))
 
     @property
     def any(self) -> bool:

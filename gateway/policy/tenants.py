@@ -12,11 +12,10 @@ from pathlib import Path
 
 import yaml
 
-from gateway.filters.sanitize import is_scoping_header
-from gateway.policy.model import Scope
-from gateway.policy.node import Node, unique_items
+from gateway.inputs.scoping import is_scoping_header
+from gateway.policy.node import Node, optional, unique_items
 from gateway.policy.public import read_tenant_public
-from gateway.policy.tenant_model import Tenant, TenantCache, TenantLimits, TenantPublic
+from gateway.policy.tenant_model import Scope, Tenant, TenantCache, TenantLimits
 from kvfence.apikey import TENANT_ID_RE, is_digest
 
 _F = frozenset
@@ -56,49 +55,50 @@ def _tenant(
         if name not in served and name not in unread:
             model_node.fail(f"no backend serves model {name}")
         models.append(name)
-    header = None
-    if "scope_header" in f:
-        header = f["scope_header"].text(_HEADER_RE, "naming an HTTP header").lower()
-        if is_scoping_header(header):
-            f["scope_header"].fail("names a header the gateway reserves for cache scoping")
-        if scope is Scope.REQUEST:
-            f["scope_header"].fail("scope request takes no scope header")
-    limits = _limits(f["limits"]) if "limits" in f else TenantLimits()
-    cache = _cache(f["cache"]) if "cache" in f else TenantCache()
-    if "public" in f:
-        public = read_tenant_public(f["public"], scope)
-    else:
-        public = TenantPublic(declared=scope is not Scope.REQUEST)
     return Tenant(
         f["id"].text(TENANT_ID_RE, "of [A-Za-z0-9._-], at most 64"),
         tuple(keys),
         scope,
         tuple(models),
-        header,
-        limits,
-        cache,
-        public,
+        **optional(
+            f,
+            scope_header=lambda n: _scope_header(n, scope),
+            limits=_limits,
+            cache=_cache,
+        ),
+        public=read_tenant_public(f.get("public"), scope),
     )
+
+
+def _scope_header(node: Node, scope: Scope) -> str:
+    header = node.text(_HEADER_RE, "naming an HTTP header").lower()
+    if is_scoping_header(header):
+        node.fail("names a header the gateway reserves for cache scoping")
+    if scope is Scope.REQUEST:
+        node.fail("scope request takes no scope header")
+    return header
 
 
 def _cache(node: Node) -> TenantCache:
     f = node.mapping(_F(), _F({"ceiling", "floor"}))
-    ceiling = f["ceiling"].number(0.01, 1.0) if "ceiling" in f else TenantCache().ceiling
-    floor = f["floor"].number(0.0, 1.0) if "floor" in f else None
-    if floor is not None and floor > ceiling:
-        f["floor"].fail(f"must not exceed the ceiling ({ceiling:g})")
-    return TenantCache(ceiling, floor)
+    cache = TenantCache(
+        **optional(f, ceiling=lambda n: n.number(0.01, 1.0), floor=lambda n: n.number(0.0, 1.0))
+    )
+    if cache.floor is not None and cache.floor > cache.ceiling:
+        f["floor"].fail(f"must not exceed the ceiling ({cache.ceiling:g})")
+    return cache
 
 
 def _limits(node: Node) -> TenantLimits:
     f = node.mapping(_F(), _F({"requests_per_s", "burst", "concurrent", "tokens_per_min"}))
-    rps = f["requests_per_s"].number(0, 1e6) if "requests_per_s" in f else 0.0
-    burst = f["burst"].number(1, 1e7) if "burst" in f else max(1.0, rps)
     return TenantLimits(
-        requests_per_s=rps,
-        burst=burst,
-        concurrent=f["concurrent"].integer(0, 1 << 20) if "concurrent" in f else 0,
-        tokens_per_min=f["tokens_per_min"].integer(0, 1 << 40) if "tokens_per_min" in f else 0,
+        **optional(
+            f,
+            requests_per_s=lambda n: n.number(0, 1e6),
+            burst=lambda n: n.number(1, 1e7),
+            concurrent=lambda n: n.integer(0, 1 << 20),
+            tokens_per_min=lambda n: n.integer(0, 1 << 40),
+        )
     )
 
 

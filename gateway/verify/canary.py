@@ -12,7 +12,6 @@ import secrets
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import aiohttp
@@ -22,17 +21,12 @@ from gateway.policy.backend_model import Backend, CanarySettings, ModelSpec
 from gateway.verify.markers import MarkerKey
 from kvfence.namespace import NamespaceKey, canary_namespace
 from kvfence.probe.client import Api, Endpoint, Identity, Observation, Sender, make_sender
+from kvfence.probe.outcome import Outcome
 from kvfence.probe.pacing import RetryPolicy
 from kvfence.probe.prompts import Prompt, PromptFactory
 
 CLEAR_GAP = 0.7  # a hit is "clearly" faster: at most this share of a miss's first-token time
 NEAR = 0.3  # B's median within this share of the hit-miss gap of one side: it is that side
-
-
-class Outcome(StrEnum):
-    ISOLATED = "isolated"
-    SHARED = "shared"
-    INCONCLUSIVE = "inconclusive"
 
 
 @dataclass(frozen=True, slots=True)

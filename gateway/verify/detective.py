@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.adapters.base import CHAT
+from gateway.inputs.paths import CHAT
 from gateway.policy.backend_model import DetectiveSettings
 from gateway.policy.model import HistorySettings
 from gateway.verify import fingerprints as fp

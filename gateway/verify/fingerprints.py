@@ -25,8 +25,8 @@ from typing import Any, Final
 
 import orjson
 
-from gateway import jsonbody
-from gateway.adapters.base import CHAT, RESPONSES
+from gateway.inputs import jsonbody
+from gateway.inputs.paths import CHAT, RESPONSES
 
 CHUNK: Final = 32
 _MSG: Final = b"\x1e"

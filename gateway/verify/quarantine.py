@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from gateway.fleet.local_health import Health
 from gateway.policy.backend_model import CanarySettings, OnShared
-from gateway.verify.canary import Outcome, Result
-from gateway.verify.health import Health
+from gateway.verify.canary import Result
+from kvfence.probe.outcome import Outcome
 
 
 def _violation(health: Health, kind: str) -> dict[str, int]:

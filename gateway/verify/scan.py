@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.adapters.base import CHAT, COMPLETIONS
+from gateway.inputs.paths import CHAT, COMPLETIONS
 from gateway.verify.markers import MarkerKey, MarkerScanner
 from kvfence.attestation import ATTESTATION_EVENT, ATTESTATION_FIELD
 

@@ -15,9 +15,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from aiohttp import web
+
+from gateway.fleet.local_health import HealthBoard
 from gateway.policy.model import Policy
 from gateway.verify.detective import Detective
-from gateway.verify.health import HealthBoard
 from gateway.verify.markers import MarkerKey
 from gateway.verify.store import FingerprintStore
 
@@ -49,6 +51,9 @@ class Verification:
 
     def close(self) -> None:
         self.store.close()
+
+
+VERIFY = web.AppKey("kvfence_verify", Verification)
 
 
 def remove_state_dir(path: Path) -> None:

@@ -1,6 +1,7 @@
 """The watch: runs canary rounds when they are due (one worker at a time, chosen by a file
 lock), and applies every change of a backend's health: rounds, violations found in answers,
-an operator's release. Every quarantine transition is logged, counted and audit-logged.
+an operator's release. Every quarantine transition is logged, counted and audit-logged
+(through the record writer the app gives it).
 
 Invariant: all changes go through `apply`, the one writer of the shared health board.
 """
@@ -8,41 +9,53 @@ Invariant: all changes go through `apply`, the one writer of the shared health b
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+import aiohttp
 from aiohttp import web
 
-from gateway.audit.log import AuditWriteError
-from gateway.audit.sink import AUDIT_SINK
+from gateway.fleet.local_health import Health
+from gateway.metrics import Metrics
 from gateway.policy.backend_model import Backend
-from gateway.state import HOLDER, METRICS, SESSION, VERIFY
+from gateway.policy.reload import PolicyHolder
 from gateway.verify import quarantine
-from gateway.verify.canary import Outcome, Result, run_round
-from gateway.verify.health import Health
+from gateway.verify.canary import Result, run_round
+from gateway.verify.service import Verification
 from kvfence.namespace import NamespaceKey
 from kvfence.probe.errors import ProbeError
+from kvfence.probe.outcome import Outcome
 
 log = logging.getLogger("kvfence.gateway.verify")
 TICK_S = 1.0
 _WORST = {Outcome.SHARED: 2, Outcome.INCONCLUSIVE: 1, Outcome.ISOLATED: 0}
 
 
-class Watch:
-    def __init__(self, app: web.Application) -> None:
-        self.app = app
+Record = Callable[[dict[str, Any]], Awaitable[None]]
 
-    def _backend(self, name: str) -> Backend | None:
-        policy = self.app[HOLDER].runtime.policy
-        return next((b for b in policy.backends if b.name == name), None)
+
+class Watch:
+    """One per worker. `session` gives the app's upstream session (open once the app runs);
+    `record` writes an audit record and never raises."""
+
+    def __init__(
+        self,
+        holder: PolicyHolder,
+        verification: Verification,
+        metrics: Metrics,
+        session: Callable[[], aiohttp.ClientSession],
+        record: Record,
+    ) -> None:
+        self.holder, self.verification, self.metrics = holder, verification, metrics
+        self._session, self._record = session, record
 
     async def run(self) -> None:
         """Forever: each tick, run the rounds that are due, if this worker holds the lock."""
-        lock = os.open(self.app[VERIFY].canary_lock, os.O_RDWR | os.O_CREAT, 0o600)
+        lock = os.open(self.verification.canary_lock, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             while True:
                 await asyncio.sleep(TICK_S)
@@ -65,12 +78,12 @@ class Watch:
     async def _claim(self, backend: Backend) -> bool:
         canary = backend.verify.canary if backend.verify else None
         interval = canary.interval_s if canary is not None else TICK_S
-        return await self.app[VERIFY].health.claim_round(backend.name, interval)
+        return await self.verification.health.claim_round(backend.name, interval)
 
     def _due(self) -> list[Backend]:
-        health, now = self.app[VERIFY].health, time.time()
+        health, now = self.verification.health, time.time()
         out = []
-        for backend in self.app[HOLDER].runtime.policy.backends:
+        for backend in self.holder.runtime.policy.backends:
             canary = backend.verify.canary if backend.verify else None
             if canary is not None and health.get(backend.name).canary_at + canary.interval_s <= now:
                 out.append(backend)
@@ -81,7 +94,7 @@ class Watch:
         canary = backend.verify.canary if backend.verify else None
         if canary is None:
             return []
-        runtime = self.app[HOLDER].runtime
+        runtime = self.holder.runtime
         key = NamespaceKey(
             runtime.policy.gateway.active_key.id, runtime.policy.gateway.active_key.secret.value
         )
@@ -91,14 +104,13 @@ class Watch:
             route = next(r for r in runtime.routes[model.name] if r.backend.name == backend.name)
             try:
                 result = await run_round(
-                    self.app[SESSION], route.adapter, backend, model, canary, key,
-                    self.app[VERIFY].markers, timeout,
+                    self._session(), route.adapter, backend, model, canary, key,
+                    self.verification.markers, timeout,
                 )  # fmt: skip
             except ProbeError as exc:
                 result = Result(backend.name, model.name, Outcome.INCONCLUSIVE, str(exc), "-", 0)
             results.append(result)
-            metrics = self.app[METRICS]
-            metrics.canary_rounds.labels(backend.name, result.outcome.value).inc()
+            self.metrics.canary_rounds.labels(backend.name, result.outcome.value).inc()
             _log_round(result)
         worst = max(results, key=lambda r: _WORST[r.outcome])
         now = time.time()
@@ -108,7 +120,7 @@ class Watch:
     async def violation(self, backend: Backend, kind: str) -> None:
         """A violation found in a tenant's answer (`marker` or `detective`)."""
         canary = backend.verify.canary if backend.verify else None
-        self.app[METRICS].violations.labels(backend.name, kind).inc()
+        self.metrics.violations.labels(backend.name, kind).inc()
         now = time.time()
         await self.apply(backend.name, lambda h: quarantine.after_violation(h, kind, canary, now))
 
@@ -119,11 +131,11 @@ class Watch:
     async def apply(
         self, name: str, change: Callable[[Health], Health], by: str = "gateway"
     ) -> tuple[Health, Health]:
-        before, after = await self.app[VERIFY].health.update(name, change)
+        before, after = await self.verification.health.update(name, change)
         if before.quarantined != after.quarantined:
             event = "quarantine" if after.quarantined else "release"
             reason = after.quarantine_reason if after.quarantined else f"released by {by}"
-            self.app[METRICS].quarantine_transitions.labels(name, event).inc()
+            self.metrics.quarantine_transitions.labels(name, event).inc()
             log.warning(event, extra={"backend": name, "reason": reason})
             entry = {
                 "event": event,
@@ -131,12 +143,11 @@ class Watch:
                 "reason": reason,
                 "time": round(time.time(), 3),
             }
-            settings = self.app[HOLDER].runtime.policy.gateway.audit_log
-            with contextlib.suppress(
-                AuditWriteError
-            ):  # the audit log's own failure is counted there
-                await self.app[AUDIT_SINK].append(settings, entry)
+            await self._record(entry)
         return before, after
+
+
+WATCH = web.AppKey("kvfence_watch", Watch)
 
 
 def _log_round(result: Result) -> None:

@@ -19,6 +19,7 @@ import orjson
 
 from kvfence.probe import credentials
 from kvfence.probe.client import Api, Endpoint, Identity, make_sender
+from kvfence.probe.decision import EXIT_ERROR
 from kvfence.probe.errors import ProbeError, UsageError
 from kvfence.probe.method import ProbeConfig, ProbeResult, run_probe
 from kvfence.probe.pacing import Pacer, RetryPolicy
@@ -26,7 +27,6 @@ from kvfence.probe.plot import _pyplot, write_plot
 from kvfence.probe.progress import ProgressBar
 from kvfence.probe.report import summary, to_json
 from kvfence.probe.stats import TimingTest
-from kvfence.probe.verdict import EXIT_ERROR
 
 DEFAULTS = ProbeConfig()
 

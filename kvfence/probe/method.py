@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvfence.probe.client import Identity, Sender
+from kvfence.probe.decision import Decision, decide
 from kvfence.probe.findings import MetadataFinding, TimingFinding, metadata_finding, timing_finding
 from kvfence.probe.power import POWER_TARGET, budget_for, power
 from kvfence.probe.prompts import PromptFactory
 from kvfence.probe.rounds import Arm, Measurement, Phase, Shape, run_round, times, warm_up
 from kvfence.probe.sequential import Schedule, evaluate, plan
 from kvfence.probe.stats import TimingTest
-from kvfence.probe.verdict import Decision, decide
 
 Progress = Callable[[Phase, int, int], None]  # phase, rounds done, rounds planned in it
 

@@ -54,7 +54,7 @@ def write_plot(result: ProbeResult, path: Path, title: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize="small")
     axes[0].set_ylabel("share of requests answered")
-    fig.suptitle(f"{title}: {result.decision.verdict}")
+    fig.suptitle(f"{title}: {result.decision.outcome}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -36,7 +36,7 @@ def to_json(result: ProbeResult, endpoint: Endpoint, a: Identity, b: Identity) -
     settings = asdict(result.config) | {"test": str(result.config.test)}
     return {
         "kvfence_probe": REPORT_VERSION,
-        "verdict": str(decision.verdict),
+        "verdict": str(decision.outcome),
         "exit_code": decision.exit_code,
         "reasons": list(decision.reasons),
         "endpoint": {"url": endpoint.safe_url(), "model": endpoint.model, "api": str(endpoint.api)},
@@ -124,7 +124,7 @@ def summary(result: ProbeResult, endpoint: Endpoint) -> str:
     test = str(result.config.test)
     lines = [
         f"kvfence probe  {endpoint.safe_url()}  model {endpoint.model}",
-        f"verdict: {decision.verdict.value.upper()} (exit {decision.exit_code})",
+        f"verdict: {decision.outcome.value.upper()} (exit {decision.exit_code})",
         *(f"  - {reason}" for reason in decision.reasons),
         f"control: A primes, A probes: {result.config.control_rounds} rounds",
     ]

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient
 from backend.model.load import LoadedModel
 from backend.server import create_app
 from kvfence.attestation import ATTESTATION_FIELD, ATTESTATION_HEADER
-from tests.backend.server_kit import Kit, make_kit
+from tests.kit.backend_server import Kit, make_kit
 
 Client = TestClient[web.Request, web.Application]
 MakeClient = Callable[[web.Application], Awaitable[Client]]

@@ -8,6 +8,7 @@ import pytest
 
 from backend.engine.plan import SamplingParams
 from backend.engine.sequence import Segment
+from backend.errors import handle_status
 from backend.model.tokenizer import Tokenizer
 from backend.openai_api import GenerationRequest
 from backend.prompt import chat_prompt_ids, special_strings
@@ -108,4 +109,4 @@ def test_a_grant_the_body_does_not_carry_refuses_the_request(
     digest = chat_digest([("system", digest_of or SYSTEM)])
     with pytest.raises(HandleForbidden) as err:
         split(tiny_tokenizer, req, PublicGrant(P, messages, chars, digest))
-    assert err.value.code == "public_mismatch" and err.value.status == 403
+    assert err.value.code == "public_mismatch" and handle_status(err.value) == 403

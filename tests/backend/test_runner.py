@@ -12,7 +12,7 @@ import torch
 from backend.engine.plan import Chunk, SamplingParams, StepPlan
 from backend.model import LoadedModel, linear, load_model
 from backend.runner import ModelRunner
-from tests.conftest import TEST_DEVICE
+from tests.kit.models import TEST_DEVICE
 
 GREEDY = SamplingParams(max_tokens=64, temperature=0.0)
 BS = 4  # small blocks so short prompts span several

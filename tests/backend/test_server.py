@@ -27,8 +27,8 @@ from kvfence.handle import HANDLE_HEADER, HANDLE_PREFIX, HandleSigner
 from kvfence.keyfile import b64url_decode, generate_key
 from kvfence.token import sign_token
 from kvfence.verdict import Verdict
-from tests.backend.server_kit import Kit, make_kit
-from tests.polling import until
+from tests.kit.backend_server import Kit, make_kit
+from tests.kit.polling import until
 
 Client = TestClient[web.Request, web.Application]
 MakeClient = Callable[[web.Application], Awaitable[Client]]
@@ -139,6 +139,18 @@ async def test_malformed_bodies_get_400_not_a_crash(tiny: tuple[Kit, Client]) ->
         resp = await kit.post(client, "/v1/completions", raw, "ns-a")
         assert resp.status == 400, raw
         assert (await resp.json())["error"]["type"] == "invalid_request_error"
+
+
+async def test_a_prompt_over_the_pool_is_400_context_length_exceeded(
+    aiohttp_client: MakeClient, tiny_model: LoadedModel
+) -> None:
+    kit = make_kit(tiny_model, num_blocks=4)  # 64 tokens of pool; the context is 256
+    client = await aiohttp_client(create_app(kit.backend))
+    body = {"model": "tiny", "prompt": "x" * 120, "max_tokens": 1}
+    resp = await kit.post(client, "/v1/completions", body, "ns-a")
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == "context_length_exceeded"
+    assert not kit.engine.has_work()
 
 
 async def test_attestation_header_verifies_and_names_the_request(tiny: tuple[Kit, Client]) -> None:

@@ -14,13 +14,13 @@ from aiohttp import web
 
 from backend.model.load import LoadedModel
 from gateway.audit.sink import AUDIT_SINK
-from gateway.state import METRICS
+from gateway.metrics import METRICS
 from kvfence.attestation import ATTESTATION_HEADER, AttestationSigner
 from kvfence.cli import main as kvfence_main
 from kvfence.handle import HANDLE_HEADER, HandleSigner, HandleVerifier
 from kvfence.keyfile import TrustStore, generate_key, load_private_key
-from tests.e2e.stack import AUDIENCE, Keys, Stack, make_backend, make_keys, running_stack
-from tests.polling import until
+from tests.kit.polling import until
+from tests.kit.stack import AUDIENCE, Keys, Stack, make_backend, make_keys, running_stack
 
 PROMPT = "the quick brown fox jumps over the lazy dog, " * 3  # several 16-token blocks
 

@@ -24,7 +24,8 @@ from kvfence.keyfile import TrustStore, generate_key, load_private_key
 from kvfence.namespace import NamespaceKey, derive_namespace, public_namespace
 from kvfence.public import PUBLIC_GROUP, PublicPart, chat_digest
 from kvfence.share import Share
-from tests.e2e.stack import (
+from tests.kit.polling import until
+from tests.kit.stack import (
     AUDIENCE,
     Keys,
     Stack,
@@ -33,7 +34,6 @@ from tests.e2e.stack import (
     make_keys,
     running_stack,
 )
-from tests.polling import until
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import pytest
 from kvfence.apikey import is_well_formed, key_digest
 from kvfence.cli import main as kvfence_main
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import ENV, KEYS, policy_text
+from tests.kit.gateway import ENV, KEYS, policy_text
 
 PEPPER = "cli-pepper-0123456789"
 

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from kvfence.logs import JsonFormatter, redact_headers
-from tests.gateway.conftest import KEYS, Gateway
+from tests.kit.gateway import KEYS, Gateway
 
 
 def test_redaction_drops_credentials_and_handles() -> None:

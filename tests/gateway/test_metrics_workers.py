@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import ENV, KEYS, policy_text
 from tests.gateway.test_cli import _free_port
+from tests.kit.gateway import ENV, KEYS, policy_text
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "kvfence-gateway.json"

@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.liveness import LIVENESS
 from gateway.policy.load import parse_policy
+from gateway.routing.liveness import LIVENESS
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import ENV, Gateway, policy_text, run_gateway
-from tests.polling import until
+from tests.kit.gateway import ENV, Gateway, policy_text, run_gateway
+from tests.kit.polling import until
 
 # `other` is also served by `spare`; `third` only by `later`, where nothing listens.
 EXTRA_BACKENDS = """\

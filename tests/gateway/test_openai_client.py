@@ -3,7 +3,7 @@
 import openai
 
 from tests.fakes.openai_upstream import CACHED_TOKENS
-from tests.gateway.conftest import KEYS, Gateway
+from tests.kit.gateway import KEYS, Gateway
 
 MSG = [{"role": "user", "content": "hi"}]
 

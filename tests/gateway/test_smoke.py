@@ -1,4 +1,4 @@
-from tests.gateway.conftest import Gateway
+from tests.kit.gateway import Gateway
 
 
 async def test_chat_gets_salt(gw: Gateway) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.conftest import ENV, policy_text
+from tests.kit.gateway import ENV, policy_text
 
 URL = "http://127.0.0.1:9"
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 
-from tests.interop.vllm_server import VllmConfig, missing_reason, running_vllm
+from tests.kit.vllm_server import VllmConfig, missing_reason, running_vllm
 
 
 def _required() -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from tests.interop.vllm_server import SERVED_MODEL
+from tests.kit.vllm_server import SERVED_MODEL
 
 BLOCK_TOKENS = 128  # vLLM's CPU backend caches whole blocks of this many tokens
 WORD_TEXT = (

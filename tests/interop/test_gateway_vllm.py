@@ -18,7 +18,7 @@ from gateway.server import bound_port, start
 from kvfence.apikey import key_digest, mint_key
 from kvfence.namespace import NamespaceKey, derive_namespace
 from tests.interop.probes import cached_tokens, complete, fresh_prompt, stream_chat
-from tests.interop.vllm_server import SERVED_MODEL
+from tests.kit.vllm_server import SERVED_MODEL
 
 pytestmark = pytest.mark.vllm
 

@@ -4,58 +4,17 @@ restart that keeps its state, and one that loses it while vLLM keeps its cache."
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import aiohttp
 import orjson
 import pytest
 
-from kvfence.apikey import key_digest, mint_key
-from tests.interop.gateway_process import gateway_process
-from tests.interop.vllm_server import MODEL_DIR, SERVED_MODEL, free_port
-from tests.interop.workload import Tally, Tenant, Workload, run, sentence
+from tests.kit.gateway_process import gateway_process
+from tests.kit.vllm_server import SERVED_MODEL, free_port
+from tests.kit.workload import ENV, KEYS, SCOPES, Tally, Tenant, Workload, policy, run, sentence
 
 pytestmark = pytest.mark.vllm
-
-PEPPER = "honest-pepper-0123456789"
-ENV = {"NS_KEY": "honest-namespace-key-0123456789abcdef", "PEPPER": PEPPER}
-SCOPES = {"acme": "tenant", "globex": "tenant", "initech": "user", "umbrella": "session"}
-
-
-def policy(vllm: str, state: Path, port: int, admin: int, max_age: int) -> str:
-    tenants = "".join(
-        f'\n  - {{id: {t}, api_keys: ["{key_digest(PEPPER.encode(), KEYS[t])}"], '
-        f"scope: {scope}, models: [{SERVED_MODEL}]}}"
-        for t, scope in SCOPES.items()
-    )
-    return (
-        textwrap.dedent(f"""\
-        version: 1
-        gateway:
-          listen: {{host: 127.0.0.1, port: {port}}}
-          admin: {{host: 127.0.0.1, port: {admin}}}
-          state_dir: {state}
-          history: {{block_max_age_s: {max_age}}}
-          namespace_keys: [{{id: ns1, secret: {{env: NS_KEY}}, active: true}}]
-          api_key_pepper: {{env: PEPPER}}
-          timeouts: {{connect_s: 5, first_byte_s: 300, idle_s: 120}}
-          access_log: false
-        backends:
-          - name: vllm
-            kind: vllm
-            url: {vllm}
-            verify:
-              canary: {{interval_s: 3600, prompt_tokens: 300}}
-              detective: {{tokenizer: {MODEL_DIR}, block_size: 128}}
-            models: [{{name: {SERVED_MODEL}, revision: "1"}}]
-        tenants:""")
-        + tenants
-        + "\n"
-    )
-
-
-KEYS = {t: mint_key() for t in SCOPES}
 
 
 async def status(admin: int) -> dict[str, object]:

@@ -16,9 +16,9 @@ from kvfence.apikey import key_digest, mint_key
 from kvfence.probe.cli import probe
 from kvfence.probe.client import Endpoint, Identity
 from kvfence.probe.method import ProbeConfig
-from kvfence.probe.verdict import Verdict
+from kvfence.probe.outcome import Outcome
 from tests.fakes.salt_dropping_proxy import RewritingProxy
-from tests.interop.vllm_server import SERVED_MODEL
+from tests.kit.vllm_server import SERVED_MODEL
 
 pytestmark = pytest.mark.vllm
 
@@ -69,7 +69,7 @@ async def gateway_url(vllm_url: str) -> AsyncIterator[str]:
 async def test_two_tenants_behind_the_gateway_are_isolated(gateway_url: str) -> None:
     a, b = Identity("A", key=KEYS["alpha"]), Identity("B", key=KEYS["beta"])
     result = await probe(Endpoint(gateway_url, SERVED_MODEL), a, b, QUICK)
-    assert result.decision.verdict is Verdict.ISOLATED, result.decision.reasons
+    assert result.decision.outcome is Outcome.ISOLATED, result.decision.reasons
     # The counter decides here; the timing control is corroboration only, and on a loaded
     # two-core host 12 control pairs can miss its 1e-4 level by a hair.
     assert result.metadata.control_passed
@@ -80,7 +80,7 @@ async def test_two_tenants_behind_the_gateway_are_isolated(gateway_url: str) -> 
 async def test_a_proxy_dropping_cache_salt_is_shared_by_the_counter(vllm_url: str) -> None:
     async with RewritingProxy(vllm_url) as proxy:
         result = await probe(Endpoint(proxy.url, SERVED_MODEL), A, B, QUICK)
-    assert result.decision.verdict is Verdict.SHARED
+    assert result.decision.outcome is Outcome.SHARED
     assert result.metadata.control_passed and result.metadata.cross_hits >= 1
     assert result.rounds == 1
 
@@ -92,10 +92,10 @@ async def test_without_usage_the_same_proxy_is_shared_by_timing_alone(vllm_url: 
     async with RewritingProxy(vllm_url, strip_usage=True) as proxy:
         for _ in range(3):
             result = await probe(Endpoint(proxy.url, SERVED_MODEL), A, B, QUICK)
-            assert result.decision.verdict is not Verdict.ISOLATED, result.decision.reasons
+            assert result.decision.outcome is not Outcome.ISOLATED, result.decision.reasons
             if result.timing.control_passed:
                 break
-    assert result.decision.verdict is Verdict.SHARED, result.decision.reasons
+    assert result.decision.outcome is Outcome.SHARED, result.decision.reasons
     assert not result.metadata.available and result.timing.shared
     assert result.rounds <= 20
 
@@ -103,6 +103,6 @@ async def test_without_usage_the_same_proxy_is_shared_by_timing_alone(vllm_url: 
 async def test_caching_off_is_inconclusive_never_isolated(uncached_vllm_url: str) -> None:
     config = ProbeConfig(letters=260, partial_letters=140, control_rounds=8)
     result = await probe(Endpoint(uncached_vllm_url, SERVED_MODEL), A, B, config)
-    assert result.decision.verdict is Verdict.INCONCLUSIVE
+    assert result.decision.outcome is Outcome.INCONCLUSIVE
     assert result.metadata.available and result.metadata.control_hits == 0
     assert not result.timing.control_passed and result.rounds == 0

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fresh_env import clone as fresh_clone
-from tests.fresh_env import user_env
+from tests.kit.fresh_env import clone as fresh_clone
+from tests.kit.fresh_env import user_env
 
 READY = "Ctrl-C stops everything this script started."
 

@@ -10,11 +10,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.concurrent_sessions import alone_then_together
 from tests.fakes.salt_dropping_proxy import RewritingProxy
-from tests.interop.verified import KEYS, Verified, policy_text, verified_gateway
-from tests.interop.vllm_server import MODEL_DIR, SERVED_MODEL
-from tests.polling import until
+from tests.kit.concurrent_sessions import alone_then_together
+from tests.kit.polling import until
+from tests.kit.verified_gateway import KEYS, Verified, policy_text, verified_gateway
+from tests.kit.vllm_server import MODEL_DIR, SERVED_MODEL
 
 pytestmark = pytest.mark.vllm
 

@@ -56,7 +56,7 @@ def test_tampered_attestation_is_refused() -> None:
         tampered = f"{head}.{payload[:i]}{swapped}{payload[i + 1 :]}.{sig}"
         with pytest.raises(AttestationError) as info:
             AttestationVerifier(TRUST).verify(tampered)
-        assert info.value.status == 502
+        assert info.value.code in {"malformed", "unknown_key", "bad_signature"}
 
 
 @pytest.mark.parametrize("token", [None, "", "kva1.x.y", "kvh1.e30.AA", "nonsense"])

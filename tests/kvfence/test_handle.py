@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from backend.errors import handle_status as status
 from kvfence.capability import Namespace
 from kvfence.handle import HANDLE_PREFIX, HandleSigner, HandleVerifier, sign_token
 from kvfence.handle_claims import body_digest
@@ -76,7 +77,7 @@ def test_the_handle_binds_the_exact_body_and_a_wrong_one_does_not_spend_it() -> 
     for other in (b"", BODY + b" ", BODY.replace(b"hello", b"hellO"), b"x" * 10_000):
         with pytest.raises(HandleForbidden) as info:
             v.verify(token, other)
-        assert (info.value.status, info.value.code) == (403, "body_mismatch")
+        assert (status(info.value), info.value.code) == (403, "body_mismatch")
     assert v.live_request_ids == 0
     assert v.verify(token, BODY).namespace.value == "ns-a"  # still unspent
     assert refused(v, token).code == "replayed"
@@ -86,7 +87,7 @@ def test_only_handles_this_verifier_checked_are_admitted() -> None:
     checked = verifier().check(mint())
     with pytest.raises(HandleError) as info:
         verifier().admit(checked, BODY)
-    assert (info.value.status, info.value.code) == (401, "malformed")
+    assert (status(info.value), info.value.code) == (401, "malformed")
 
 
 @pytest.mark.parametrize("digest", [None, "", "abc", 42, "A" * 44, "+" * 43, "A" * 42 + "="])
@@ -97,7 +98,7 @@ def test_a_handle_without_a_valid_body_digest_is_malformed(digest: object) -> No
     else:
         claims["bd"] = digest
     err = refused(verifier(), sign_token(HANDLE_PREFIX, claims, KEY))
-    assert (err.status, err.code) == (401, "malformed")
+    assert (status(err), err.code) == (401, "malformed")
 
 
 @pytest.mark.parametrize(
@@ -115,14 +116,14 @@ def test_a_handle_without_a_valid_body_digest_is_malformed(digest: object) -> No
 )
 def test_garbage_and_empty_are_401(token: str | None, code: str) -> None:
     err = refused(verifier(), token)
-    assert (err.status, err.code) == (401, code)
+    assert (status(err), err.code) == (401, code)
 
 
 def test_forged_with_another_key_is_401() -> None:
     claims = orjson.loads(base64.urlsafe_b64decode(mint().split(".")[1] + "=="))
     forged = sign_token(HANDLE_PREFIX, claims, OTHER_KEY)
     err = refused(verifier(), forged)
-    assert (err.status, err.code) == (401, "bad_signature")
+    assert (status(err), err.code) == (401, "bad_signature")
 
 
 def test_unknown_key_id_is_401() -> None:
@@ -130,7 +131,7 @@ def test_unknown_key_id_is_401() -> None:
         "ns-a", "smollm2", "r1", rid(), "be-1", body=BODY
     )
     err = refused(verifier(), token)
-    assert (err.status, err.code) == (401, "unknown_key")
+    assert (status(err), err.code) == (401, "unknown_key")
 
 
 def test_expired_is_401_but_clock_skew_is_tolerated() -> None:
@@ -138,28 +139,28 @@ def test_expired_is_401_but_clock_skew_is_tolerated() -> None:
     assert verifier(clock).verify(mint(), BODY).namespace.value == "ns-a"
     clock.now = NOW + 66
     err = refused(verifier(clock), mint())
-    assert (err.status, err.code) == (401, "expired")
+    assert (status(err), err.code) == (401, "expired")
 
 
 def test_future_dated_is_401() -> None:
     err = refused(verifier(), mint(signer_clock=NOW + 30))
-    assert (err.status, err.code) == (401, "not_yet_valid")
+    assert (status(err), err.code) == (401, "not_yet_valid")
 
 
 def test_overlong_lifetime_is_401() -> None:
     err = refused(verifier(), mint(ttl=3600))
-    assert (err.status, err.code) == (401, "bad_lifetime")
+    assert (status(err), err.code) == (401, "bad_lifetime")
 
 
 def test_wrong_audience_is_403() -> None:
     err = refused(verifier(), mint(audience="be-2"))
     assert isinstance(err, HandleForbidden)
-    assert (err.status, err.code) == (403, "wrong_audience")
+    assert (status(err), err.code) == (403, "wrong_audience")
 
 
 def test_wrong_model_is_403() -> None:
     err = refused(verifier(), mint(), model="llama-3")
-    assert (err.status, err.code) == (403, "wrong_model")
+    assert (status(err), err.code) == (403, "wrong_model")
 
 
 def test_replay_is_401_until_the_handle_expires() -> None:
@@ -168,7 +169,7 @@ def test_replay_is_401_until_the_handle_expires() -> None:
     token = mint(request_id="req-once")
     v.verify(token, BODY)
     err = refused(v, token)
-    assert (err.status, err.code) == (401, "replayed")
+    assert (status(err), err.code) == (401, "replayed")
     # another handle for the same request id is a replay too
     assert refused(v, mint(request_id="req-once")).code == "replayed"
 
@@ -190,14 +191,14 @@ def test_full_replay_store_fails_closed_with_503() -> None:
     v.verify(mint(), BODY)
     err = refused(v, mint())
     assert isinstance(err, HandleUnavailable)
-    assert (err.status, err.code) == (503, "replay_store_full")
+    assert (status(err), err.code) == (503, "replay_store_full")
 
 
 def test_truncated_handles_are_401() -> None:
     token = mint()
     v = verifier()
     for cut in range(len(token)):
-        assert refused(v, token[:cut]).status == 401
+        assert status(refused(v, token[:cut])) == 401
 
 
 def flip(token: str, position: int) -> str:
@@ -210,7 +211,7 @@ def test_every_single_bit_flip_is_refused() -> None:
     token = mint(request_id="req-bits")
     v = verifier()
     for position in range(len(token) * 8):
-        assert refused(v, flip(token, position)).status == 401
+        assert status(refused(v, flip(token, position))) == 401
     assert v.verify(token, BODY).request_id == "req-bits"
 
 
@@ -223,7 +224,7 @@ def test_every_single_bit_flip_is_refused() -> None:
 def test_bit_flips_in_any_handle_are_refused(namespace: str, request_id: str, where: float) -> None:
     token = mint(namespace=namespace, request_id=request_id)
     err = refused(verifier(), flip(token, int(where * len(token) * 8)))
-    assert err.status == 401
+    assert status(err) == 401
 
 
 def test_admin_handle_verifies_only_as_admin() -> None:
@@ -231,7 +232,7 @@ def test_admin_handle_verifies_only_as_admin() -> None:
     admin = signer.sign_admin("flush", "ns-a", rid(), "be-1")
     v = verifier()
     err = refused(v, admin)
-    assert (err.status, err.code) == (403, "wrong_scope")
+    assert (status(err), err.code) == (403, "wrong_scope")
     admin = signer.sign_admin("flush", "ns-a", rid(), "be-1")
     verified = v.verify_admin(admin, "flush")
     assert verified.namespace.value == "ns-a" and verified.action == "flush"
@@ -248,7 +249,7 @@ def test_normal_handle_is_not_admin_and_actions_are_bound() -> None:
     assert info.value.code == "wrong_action"
     with pytest.raises(HandleError) as err:
         v.verify_admin(None, "flush")
-    assert err.value.status == 401
+    assert status(err.value) == 401
 
 
 def test_signer_refuses_empty_fields() -> None:

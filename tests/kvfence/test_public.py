@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from backend.errors import handle_status
 from kvfence.handle import HANDLE_PREFIX, HandleSigner, sign_token
 from kvfence.handle_errors import HandleError
 from kvfence.public import PUBLIC_GROUP, PublicPart, chat_digest, text_digest
@@ -81,7 +82,7 @@ def test_malformed_public_claims_are_refused(extra: dict[str, Any]) -> None:
     token = sign_token(HANDLE_PREFIX, claims(**extra), KEY)
     with pytest.raises(HandleError) as err:
         verifier().check(token)
-    assert err.value.code == "malformed" and err.value.status == 401
+    assert err.value.code == "malformed" and handle_status(err.value) == 401
 
 
 def test_the_signer_refuses_nothing_it_could_not_verify() -> None:

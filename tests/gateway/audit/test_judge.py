@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from gateway.audit.judge import Answer, AuditContext, is_plain_error, judge, record
+from gateway.fleet.local_health import Health
 from gateway.policy.backend_model import (
     AuditMode,
     Backend,
@@ -16,8 +17,7 @@ from gateway.policy.backend_model import (
     ModelSpec,
     VerifySettings,
 )
-from gateway.policy.model import SecretRef
-from gateway.verify.health import Health
+from gateway.policy.secrets import SecretRef
 from kvfence.attestation import AttestationSigner, AttestationVerifier
 from kvfence.keyfile import TrustStore, generate_key
 from kvfence.namespace import namespace_label

@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.audit.chain.log import AuditLog, AuditWriteError, head_path, mac_key, rotated_paths
+from gateway.audit.chain.verify import AuditVerifyError, check_head, verify_files
 from gateway.audit.cli import configure, main
-from gateway.audit.log import AuditLog, AuditWriteError, head_path, mac_key, rotated_paths
-from gateway.audit.verify import AuditVerifyError, check_head, verify_files
 
 SECRET = b"correct horse battery staple 01"
 KEY = mac_key(SECRET)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.audit.chain import worker_path
-from gateway.audit.log import AuditLog
+from gateway.audit.chain.format import worker_path
+from gateway.audit.chain.log import AuditLog
 from kvfence.cli import main as kvfence_main
 from tests.gateway.audit.test_log import SECRET, record
 

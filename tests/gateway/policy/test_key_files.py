@@ -9,7 +9,7 @@ import pytest
 
 from gateway.policy.load import load_policy
 from gateway.policy.node import PolicyError
-from tests.gateway.conftest import ENV, digest, policy_text
+from tests.kit.gateway import ENV, digest, policy_text
 
 
 def _write(tmp_path: Path, tenants_line: str) -> Path:

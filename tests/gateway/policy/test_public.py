@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from gateway.policy.load import parse_policy
-from gateway.policy.model import Scope
-from tests.gateway.conftest import ENV, policy_text
+from gateway.policy.tenant_model import Scope
 from tests.gateway.policy.test_load import errors_of
+from tests.kit.gateway import ENV, policy_text
 
 URL = "http://127.0.0.1:9"
 SYSTEM = "You are a helpful assistant for the Acme support desk."

@@ -7,8 +7,8 @@ from pathlib import Path
 from gateway.policy.load import parse_policy
 from gateway.server import bound_port, start_admin
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.gateway.conftest import ENV, Gateway, make_policy, policy_text, run_gateway
-from tests.polling import until
+from tests.kit.gateway import ENV, Gateway, make_policy, policy_text, run_gateway
+from tests.kit.polling import until
 
 MSG = [{"role": "user", "content": "hi"}]
 

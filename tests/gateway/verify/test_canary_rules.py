@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.fleet.local_health import Health
 from gateway.policy.backend_model import CanarySettings, OnShared
 from gateway.verify import quarantine
-from gateway.verify.canary import Outcome, Result, Sample, decide
-from gateway.verify.health import Health
+from gateway.verify.canary import Result, Sample, decide
 from kvfence.probe.client import Observation
+from kvfence.probe.outcome import Outcome
 
 
 def obs(ttft: float, cached: int | None) -> Observation:

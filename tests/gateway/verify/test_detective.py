@@ -17,7 +17,7 @@ from gateway.verify import fingerprints as fp
 from gateway.verify.detective import Detective
 from gateway.verify.store import FingerprintStore
 from kvfence.verdict import Verdict
-from tests.interop.vllm_server import MODEL_DIR
+from tests.kit.vllm_server import MODEL_DIR
 
 CHAT = "/v1/chat/completions"
 BOUND = DetectiveSettings(block_size=16)

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from gateway.adapters.base import CHAT
+from gateway.inputs.paths import CHAT
 from gateway.verify.markers import MarkerKey
 from gateway.verify.scan import AnswerScan
 

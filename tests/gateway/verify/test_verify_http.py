@@ -17,14 +17,14 @@ import pytest
 from aiohttp import web
 
 from gateway.app import create_app
+from gateway.fleet.local_health import Health
 from gateway.policy.load import parse_policy
 from gateway.server import bound_port, start, start_admin
-from gateway.state import VERIFY
-from gateway.verify.health import Health
+from gateway.verify.service import VERIFY
 from kvfence.cli import main as kvfence_main
 from tests.fakes.cache_server import CacheServer
-from tests.gateway.conftest import ENV, KEYS, digest
-from tests.polling import until
+from tests.kit.gateway import ENV, KEYS, digest
+from tests.kit.polling import until
 
 TOKEN = "admin-token-0123456789abcdef"
 CANARY = "{canary: {interval_s: 3600, prompt_tokens: 64}}"

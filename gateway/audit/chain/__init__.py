@@ -1,0 +1,2 @@
+"""The HMAC-chained audit log: its format, the one writer of each chain (recovery, checkpoint,
+rotation, anchor) and its verifier."""

@@ -1,0 +1,292 @@
+"""One request's response side: the one object a relay talks to. Started with the request's
+context before it is forwarded, it is fed what the backend answered (a plain answer whole, or a
+stream's first event, its events as they arrive and its end), decides through the judge what
+the client gets, and settles the answer once (`gateway.audit.settle`).
+
+Invariant: the prompt is recorded in the detective's history before the request is forwarded
+and the answer's text right after the answer completes; no byte reaches the client before the
+judgement that allows it; `judge` and `settle` are called from here and nowhere else, and every
+exchange is settled exactly once, failures included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Final
+
+from aiohttp import web
+
+from gateway.audit.events import done_at, split_attestation_event
+from gateway.audit.judge import (
+    UNATTESTED,
+    Answer,
+    AuditContext,
+    Judgement,
+    is_plain_error,
+    judge,
+)
+from gateway.audit.settle import VERDICT_HEADER, settle
+from gateway.audit.usage import UsageScanner, parse_usage
+from gateway.errors import (
+    AttestationRefused,
+    AuditWriteFailed,
+    GatewayError,
+    HandleRefused,
+    UpstreamUnavailable,
+)
+from gateway.inputs.paths import RESPONSES
+from gateway.state import (
+    BODY,
+    DROP_USAGE,
+    NAMESPACE,
+    PUBLIC,
+    REQUEST_ID,
+    ROUTE,
+    RUNTIME,
+    TENANT,
+    TIMING,
+    UPSTREAM_HEADERS,
+)
+from gateway.verify.detective import Observation
+from gateway.verify.scan import AnswerScan
+from gateway.verify.service import VERIFY, Verification
+
+log = logging.getLogger("kvfence.gateway.proxy")
+_NONE: Final[frozenset[str]] = frozenset()  # no public part: nearly every request
+CLIENT_CLOSED: Final = 499  # the status recorded when the client leaves mid-stream
+_LEFT: Final = {
+    "client_closed": "client closed the stream",
+    "client_stalled": "client stopped reading; stream cut",
+}
+
+
+class Exchange:
+    """What the response side knows of one request. `attested`: the answer must carry an
+    attestation (a stream's first event holds it); `headers`: what the client's answer carries
+    beside the backend's (the request id and the verdict), once the head is judged; `first`: a
+    stream's first event as the client gets it (its attestation taken out), sent first."""
+
+    __slots__ = (
+        "_detective",
+        "_done",
+        "_observation",
+        "_request",
+        "_scan",
+        "_suspect",
+        "_timing",
+        "_usage",
+        "_withheld",
+        "answer",
+        "attested",
+        "ctx",
+        "first",
+        "headers",
+        "judgement",
+    )
+
+    def __init__(self, request: web.Request, verification: Verification) -> None:
+        self._request = request
+        self._timing = request[TIMING]
+        route, parts = request[ROUTE], request.get(PUBLIC, ())
+        self.ctx = AuditContext(
+            request_id=request[REQUEST_ID],
+            tenant=request[TENANT].id,
+            model=route.model.name,
+            backend=route.backend,
+            upstream_id=request[UPSTREAM_HEADERS]["x-request-id"],
+            namespace=request[NAMESPACE],
+            verifier=request[RUNTIME].attestations.get(route.backend.name),
+            health=verification.health.get(route.backend.name),
+            now=time.time(),
+            public=frozenset(part.namespace for part in parts) if parts else _NONE,
+        )
+        self.attested = self.ctx.attested
+        self.answer = Answer()
+        self.judgement = UNATTESTED
+        self.headers: dict[str, str] = {}
+        self._detective = verification.detective
+        self._scan = AnswerScan(verification.markers, request.path, attested=self.attested)
+        self._observation: Observation | None = None
+        self._usage: UsageScanner | None = None  # a stream's, from its head on
+        self.first = b""
+        self._suspect = b""  # text that may start a canary marker, held for the next events
+        self._done = b""  # `data: [DONE]` and what follows it, held until the answer settles
+        self._withheld = False  # a judgement cut the stream
+
+    @classmethod
+    async def start(cls, request: web.Request) -> Exchange:
+        """Before the request is forwarded: its audit context, and (for a backend the detective
+        audits) its prompt recorded in the shared history."""
+        verification = request.app[VERIFY]
+        exchange = cls(request, verification)
+        verify = exchange.ctx.backend.verify
+        if verify is not None and verify.detective is not None:
+            exchange._observation = await verification.detective.record(
+                verify.detective, exchange.ctx.namespace, request.path, request[BODY]
+            )
+        return exchange
+
+    def began(self, status: int) -> None:
+        """The backend's answer began with `status`. Our backend refusing the gateway's own
+        handle is a misconfiguration, answered as such (HandleRefused)."""
+        self.answer.status = status
+        if self.attested and status in (401, 403):
+            log.error("backend refused the handle", extra={"rid": self.ctx.request_id})
+            raise HandleRefused(f"backend {self.ctx.backend.name} refused the gateway's handle")
+
+    async def plain(self, body: bytes, attestations: list[str]) -> web.Response | None:
+        """A plain answer, whole, before a byte of it is sent: judged and settled. Returns the
+        local answer that replaces it when it is withheld, else None (send it with
+        `headers`)."""
+        answer = self.answer
+        answer.attestations = list(attestations)
+        parsed, usage = parse_usage(body)
+        answer.read_usage(usage)
+        if not 200 <= answer.status < 300:
+            answer.plain_error = is_plain_error(body)
+        self._scan.body(body, parsed)
+        self._finish()
+        self.judgement = judgement = judge(self.ctx, answer)
+        self.headers = {
+            "x-request-id": self.ctx.request_id,
+            VERDICT_HEADER: judgement.verdict.value,
+        }
+        return await settle(self._request, self.ctx, answer, judgement)
+
+    async def head(self, event: bytes | None) -> web.Response | None:
+        """A stream's first event (None: it never completed), read only when `attested`.
+        Returns the local answer that replaces a withheld stream, else None: the stream goes
+        on, with `headers`."""
+        if self.attested:
+            if event is not None:
+                self._timing.first_event = time.perf_counter()
+            token, self.first = split_attestation_event(event) if event is not None else (None, b"")
+            self.answer.attestations.append(token)
+        self._usage = UsageScanner(drop_usage=self._request[DROP_USAGE])
+        self.judgement = judgement = judge(self.ctx, self.answer)
+        self.headers = {
+            "x-request-id": self.ctx.request_id,
+            VERDICT_HEADER: judgement.verdict.value,
+        }
+        if judgement.blocked:
+            return await settle(self._request, self.ctx, self.answer, judgement)
+        if self.first:
+            self._scan.events(self.first)
+        return None
+
+    def events(self, chunk: bytes) -> bytes:
+        """Upstream bytes in; the bytes to send the client now out. Complete events pass once
+        scanned; the usage-only event the client did not ask for is dropped; text that may
+        start a marker and `[DONE]` wait. Raises AttestationRefused when an event makes the
+        answer's verdict one that withholds the rest."""
+        assert self._usage is not None, "events follow the head"
+        out = self._usage.feed(chunk) if chunk else b""
+        if out:
+            if not self._timing.first_event:
+                self._timing.first_event = time.perf_counter()
+            scan = self._scan
+            scan.events(out)
+            if scan.markers or scan.late_attestations:
+                self.answer.markers, self.answer.late_attestations = (
+                    scan.markers,
+                    scan.late_attestations,
+                )
+                self.judgement = judge(self.ctx, self.answer)
+                if self.judgement.blocked:  # cut before this chunk reaches the client
+                    self._withheld = True
+                    raise _refused(self.judgement)
+            # Text that may be the start of a canary marker waits for the next events.
+            if scan.marker_started:
+                out, self._suspect = b"", self._suspect + out
+            elif self._suspect:
+                out, self._suspect = self._suspect + out, b""
+        if self._done:
+            out, self._done = b"", self._done + out
+        else:
+            cut = done_at(out)
+            if cut >= 0:
+                out, self._done = out[:cut], out[cut:]
+        return out
+
+    async def end(self) -> bytes:
+        """The backend's stream ended: the whole answer is judged (now with its usage and the
+        detective's check) and settled. Returns what was held back, `[DONE]` included; raises
+        the GatewayError that ends the stream instead (cut short, withheld, or its record
+        lost), settled by then or by `fail`."""
+        assert self._usage is not None, "the end follows the head"
+        usage, answer = self._usage, self.answer
+        answer.prompt_tokens, answer.cached_tokens = usage.prompt_tokens, usage.cached_tokens
+        answer.total_tokens = usage.total_tokens
+        ended = self._scan.terminal if self._request.path == RESPONSES else bool(self._done)
+        if not ended:  # whatever the framing claimed, the protocol's last event never came
+            raise UpstreamUnavailable(
+                "the backend's stream ended without its final event (cut short)"
+            )
+        self._finish()
+        self.judgement = judge(self.ctx, answer)  # now with the usage and the detective's check
+        if self.judgement.blocked:
+            raise _refused(self.judgement)
+        await settle(self._request, self.ctx, answer, self.judgement)  # AuditWriteFailed: it ends
+        return self._suspect + self._done + usage.tail()
+
+    async def fail(self, error: GatewayError) -> None:
+        """The exchange ends with `error` (the upstream failed, or a stream was cut): settled
+        with the judgement so far, the status the client got and the error's code, unless it
+        was settled already. A record that cannot be written is logged and counted there."""
+        if self.answer.settled:
+            return
+        if self._usage is not None:
+            cause = error.cause or "-"
+            fields = {"rid": self.ctx.request_id, "error": error.code, "cause": cause}
+            log.warning("stream cut", extra=fields)
+            if not self._withheld:
+                self.answer.prompt_tokens = self._usage.prompt_tokens
+        with contextlib.suppress(AuditWriteFailed):
+            await settle(
+                self._request,
+                self.ctx,
+                self.answer,
+                self.judgement,
+                status=error.status,
+                reason=error.code,
+            )
+
+    async def left(self, reason: str) -> None:
+        """The client left (`client_closed`) or stopped reading (`client_stalled`) mid-stream:
+        the answer is settled with status 499 and `reason`, even while the handler is being
+        cancelled."""
+        if self.answer.settled:
+            return
+        log.info(_LEFT[reason], extra={"rid": self.ctx.request_id})
+        if self._usage is not None:
+            self.answer.prompt_tokens = self._usage.prompt_tokens
+            self.answer.cached_tokens = self._usage.cached_tokens
+        left = settle(
+            self._request,
+            self.ctx,
+            self.answer,
+            self.judgement,
+            status=CLIENT_CLOSED,
+            reason=reason,
+        )
+        with contextlib.suppress(AuditWriteFailed):
+            await asyncio.shield(left)
+
+    def _finish(self) -> None:
+        """The answer is complete: the detective judges its reported hit and records its text."""
+        answer, obs = self.answer, self._observation
+        answer.markers = self._scan.markers
+        if obs is None or answer.status != 200:
+            return
+        answer.detective = self._detective.judge(obs, answer.prompt_tokens, answer.cached_tokens)
+        text = self._scan.text
+        if text:
+            self._detective.record_answer(obs, text)
+
+
+def _refused(judgement: Judgement) -> AttestationRefused:
+    what = f"its audit verdict is {judgement.verdict.value}"
+    return AttestationRefused(f"the rest of the answer was withheld: {what}")

@@ -1,0 +1,155 @@
+"""Per-backend verification state that every worker of one gateway shares: the last canary
+outcome, rounds, violations, and whether the backend is quarantined. A small JSON file in the
+state directory, changed under an exclusive lock and re-read by every worker within
+`REFRESH_S`; its twin for several gateways is `health` (Redis). Its metrics are read at scrape.
+
+Invariant: a change is a read-modify-write under the lock, so two workers never lose each
+other's updates; readers see either the old or the new file, never a torn one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import fcntl
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+REFRESH_S: Final = 0.25  # how stale a worker's view may be (workers agree within this)
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    canary: str = "none"  # none | isolated | shared | inconclusive
+    canary_at: float = 0.0
+    canary_reason: str = ""
+    rounds: int = 0
+    clean_streak: int = 0  # isolated rounds in a row
+    quarantined: bool = False
+    quarantine_reason: str = ""
+    quarantined_at: float = 0.0
+    violations: Mapping[str, int] = field(default_factory=dict)  # by kind
+
+    def as_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Health:
+        if not isinstance(data, dict):
+            return cls()
+        known = {f.name for f in dataclasses.fields(cls)}
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError:
+            return cls()
+
+
+NEVER_CHECKED: Final = Health()  # a backend with no entry yet (read on every request: built once)
+
+
+class HealthBoard:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock_path = path.with_name(path.name + ".lock")
+        self._seen: tuple[int, int, int] | None = None
+        self.view: dict[str, Health] = {}
+        self._load()
+
+    def get(self, backend: str) -> Health:
+        return self.view.get(backend) or NEVER_CHECKED
+
+    def _load(self) -> None:
+        """Blocking: re-read the file when it changed."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return
+        seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if seen == self._seen:
+            return
+        try:
+            data = orjson.loads(self.path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return  # replaced under us; the next refresh reads the new file
+        self._seen = seen
+        if isinstance(data, dict):
+            self.view = {str(k): Health.from_json(v) for k, v in data.items()}
+
+    async def watch(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            await asyncio.to_thread(self._load)
+
+    def _update_locked(
+        self, backend: str, change: Callable[[Health], Health]
+    ) -> tuple[Health, Health]:
+        """Apply `change` to the backend's state under the lock; returns (before, after)."""
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._seen = None
+            self._load()
+            before = self.get(backend)
+            after = change(before)
+            view = {**self.view, backend: after}
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(orjson.dumps({k: v.as_json() for k, v in view.items()}))
+            os.replace(tmp, self.path)
+            self.view = view
+            return before, after
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    async def update(
+        self, backend: str, change: Callable[[Health], Health]
+    ) -> tuple[Health, Health]:
+        return await asyncio.to_thread(self._update_locked, backend, change)
+
+    async def claim_round(self, backend: str, interval_s: float) -> bool:
+        """Whether this gateway runs the backend's due canary round; its workers already take
+        turns by a file lock (a board shared by several gateways says more)."""
+        return True
+
+
+class HealthCollector(Collector):
+    """Per-backend verification state, read from the board every worker shares, at scrape time;
+    every backend of the policy appears (a backend never checked: no canary, not quarantined)."""
+
+    def __init__(self, board: HealthBoard, backends: Callable[[], Iterable[str]]) -> None:
+        self.board = board
+        self.backends = backends
+
+    def collect(self) -> Iterator[Metric]:
+        p = "kvfence_gateway_backend_"
+        quarantined = GaugeMetricFamily(
+            p + "quarantined", "1 while quarantined", labels=["backend"]
+        )
+        outcome = GaugeMetricFamily(
+            p + "canary_outcome", "1 for the last canary outcome", labels=["backend", "outcome"]
+        )
+        at = GaugeMetricFamily(
+            p + "canary_timestamp_seconds", "When the last canary round ended", labels=["backend"]
+        )
+        rounds = GaugeMetricFamily(p + "canary_rounds", "Canary rounds run", labels=["backend"])
+        found = GaugeMetricFamily(
+            p + "violations", "Violations by kind (shared count)", labels=["backend", "kind"]
+        )
+        for name in sorted(self.backends()):
+            health = self.board.get(name)
+            quarantined.add_metric([name], float(health.quarantined))
+            outcome.add_metric([name, health.canary], 1.0)
+            at.add_metric([name], health.canary_at)
+            rounds.add_metric([name], float(health.rounds))
+            for kind, count in sorted(health.violations.items()):
+                found.add_metric([name, kind], float(count))
+        yield from (quarantined, outcome, at, rounds, found)

@@ -1,0 +1,144 @@
+"""Per-tenant limits that every worker of one gateway shares: a token bucket for requests per
+second, a count of requests in flight, and a token bucket for tokens per minute charged from
+each answer's usage. A memory-mapped table in the state directory, changed under `flock`.
+
+Invariant: an admission is a read-modify-write under the lock, so N workers give a tenant the
+allowance one would, never N times it; a refusal says how long to wait (`retry_after_s`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import mmap
+import os
+import struct
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from aiohttp import web
+
+from gateway.policy.tenant_model import TenantLimits
+
+_SLOT: Final = struct.Struct(
+    "<64sdddqd"
+)  # tenant, rps tokens, rps time, tpm tokens, in flight, tpm time
+_HEAD: Final = struct.Struct("<8sqd")  # magic, slots, generation (the gateway start that made it)
+MAGIC: Final = b"KVFLIM01"
+SLOTS: Final = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    reason: str  # requests_per_s | concurrent | tokens_per_min
+    retry_after_s: float
+
+
+class SharedLimits:
+    """Open in each worker (after fork). `generation` identifies one gateway start: a table left
+    by an earlier start is reset, so no request of a dead process holds a slot forever."""
+
+    def __init__(self, path: Path, generation: float) -> None:
+        size = _HEAD.size + SLOTS * _SLOT.size
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            head = os.pread(self._fd, _HEAD.size, 0)
+            if len(head) < _HEAD.size or _HEAD.unpack(head) != (MAGIC, SLOTS, generation):
+                os.ftruncate(self._fd, 0)
+                os.ftruncate(self._fd, size)
+                os.pwrite(self._fd, _HEAD.pack(MAGIC, SLOTS, generation), 0)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._map = mmap.mmap(self._fd, size)
+        self._index: dict[str, int] = {}
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self._fd)
+
+    def _slot(self, tenant: str) -> int:
+        """The tenant's slot (found or claimed; called under the lock)."""
+        found = self._index.get(tenant)
+        if found is not None:
+            return found
+        name = tenant.encode()[:64].ljust(64, b"\0")
+        start = zlib.crc32(name) % SLOTS  # the same in every process (unlike hash())
+        for probe in range(SLOTS):
+            slot = (start + probe) % SLOTS
+            held = self._map[self._at(slot) : self._at(slot) + 64]
+            if held == name or held == b"\0" * 64:
+                if held != name:
+                    now = time.time()
+                    self._write(slot, name, math.inf, now, math.inf, 0, now)
+                self._index[tenant] = slot
+                return slot
+        raise RuntimeError("the limits table is full")  # 4096 tenants with limits
+
+    @staticmethod
+    def _at(slot: int) -> int:
+        return _HEAD.size + slot * _SLOT.size
+
+    def _read(self, slot: int) -> tuple[bytes, float, float, float, int, float]:
+        name, rps, rps_t, tpm, flight, tpm_t = _SLOT.unpack_from(self._map, self._at(slot))
+        return name, rps, rps_t, tpm, flight, tpm_t
+
+    def _write(
+        self,
+        slot: int,
+        name: bytes,
+        rps: float,
+        rps_t: float,
+        tpm: float,
+        flight: int,
+        tpm_t: float,
+    ) -> None:
+        _SLOT.pack_into(self._map, self._at(slot), name, rps, rps_t, tpm, flight, tpm_t)
+
+    def admit(self, tenant: str, limits: TenantLimits, now: float | None = None) -> Refusal | None:
+        """Take one request's allowance, or say why not and for how long."""
+        now = time.time() if now is None else now
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            slot = self._slot(tenant)
+            name, rps, rps_t, tpm, flight, tpm_t = self._read(slot)
+            rps = _refill(rps, rps_t, now, limits.requests_per_s, limits.burst)
+            tpm = _refill(tpm, tpm_t, now, limits.tokens_per_min / 60.0, limits.tokens_per_min)
+            refusal = None
+            if limits.concurrent and flight >= limits.concurrent:
+                refusal = Refusal("concurrent", 1.0)
+            elif limits.requests_per_s and rps < 1.0:
+                refusal = Refusal("requests_per_s", (1.0 - rps) / limits.requests_per_s)
+            elif limits.tokens_per_min and tpm <= 0.0:
+                refusal = Refusal("tokens_per_min", -tpm / (limits.tokens_per_min / 60.0) + 0.001)
+            if refusal is None:
+                rps, flight = rps - 1.0, flight + 1
+            self._write(slot, name, rps, now, tpm, flight, now)
+            return refusal
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def release(self, tenant: str, tokens: int = 0, now: float | None = None) -> None:
+        """The request ended: free its concurrency slot and charge the tokens it used."""
+        now = time.time() if now is None else now
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            slot = self._slot(tenant)
+            name, rps, rps_t, tpm, flight, tpm_t = self._read(slot)
+            self._write(slot, name, rps, rps_t, tpm - tokens, max(0, flight - 1), tpm_t)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+
+LIMITS = web.AppKey("kvfence_limits", SharedLimits)
+
+
+def _refill(level: float, since: float, now: float, rate: float, cap: float) -> float:
+    if rate <= 0:
+        return math.inf
+    if math.isinf(level):
+        return cap  # a fresh slot starts full
+    return min(cap, level + max(0.0, now - since) * rate)

@@ -1,0 +1,78 @@
+"""The upstream call of one attempt and its plain answer; a stream goes to `stream`. The relay
+moves bytes: what they mean, and what the client may have of them, the request's exchange
+decides (`gateway.audit.exchange`).
+
+Invariant: no byte of a plain answer reaches the client before the exchange has settled it,
+and an attempt that fails is settled by the exchange before its error is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+from aiohttp import web
+
+from gateway.audit.events import SSE
+from gateway.audit.exchange import Exchange
+from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
+from gateway.relay.failures import describe
+from gateway.relay.reading import read_all
+from gateway.relay.session import SESSION
+from gateway.relay.stream import relay_stream
+from gateway.state import ROUTE, RUNTIME, TIMING, UPSTREAM_BODY, UPSTREAM_HEADERS
+from kvfence.attestation import ATTESTATION_HEADER
+
+
+async def _open(request: web.Request) -> aiohttp.ClientResponse:
+    route, runtime = request[ROUTE], request[RUNTIME]
+    data = request[UPSTREAM_BODY]
+    request[TIMING].upstream_sent = time.perf_counter()
+    url = runtime.upstream_urls[route.backend.name, request.path]
+    first_byte_s = runtime.policy.gateway.timeouts.first_byte_s
+    try:
+        async with asyncio.timeout(first_byte_s):
+            return await request.app[SESSION].post(
+                url, data=data, headers=request[UPSTREAM_HEADERS], timeout=runtime.upstream_timeout
+            )
+    except TimeoutError as exc:
+        cause = describe(exc)
+        if not isinstance(exc, aiohttp.ClientError):  # our own deadline, not aiohttp's
+            cause = f"no answer within timeouts.first_byte_s ({first_byte_s:g} s)"
+        message = f"backend {route.backend.name} did not answer in time"
+        raise UpstreamTimeout(message, cause=cause) from None
+    except aiohttp.ClientError as exc:
+        message = f"backend {route.backend.name} is unavailable"
+        raise UpstreamUnavailable(message, cause=describe(exc)) from None
+
+
+async def _relay(
+    request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange
+) -> web.StreamResponse:
+    exchange.began(upstream.status)
+    if upstream.status == 200 and upstream.content_type == SSE:
+        return await relay_stream(request, upstream, exchange)
+    gateway = request[RUNTIME].policy.gateway
+    body = await read_all(upstream, gateway.timeouts.idle_s, gateway.limits.max_answer_bytes)
+    attestations = upstream.headers.getall(ATTESTATION_HEADER, [])
+    withheld = await exchange.plain(body, attestations)
+    request[TIMING].client_headers = time.perf_counter()
+    if withheld is not None:
+        return withheld
+    headers = {"content-type": upstream.content_type, **exchange.headers}
+    return web.Response(body=body, status=upstream.status, headers=headers)
+
+
+async def forward(request: web.Request, exchange: Exchange) -> web.StreamResponse:
+    """One attempt: the scoped request upstream, its answer relayed to the client."""
+    try:
+        upstream = await _open(request)
+        request[TIMING].upstream_headers = time.perf_counter()
+        try:
+            return await _relay(request, upstream, exchange)
+        finally:
+            upstream.release()
+    except GatewayError as exc:
+        await exchange.fail(exc)  # the record says how it failed; then the client hears it
+        raise

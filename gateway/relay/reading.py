@@ -1,0 +1,71 @@
+"""Reading an upstream answer: what arrived, with a deadline only when something must be
+waited for; a plain answer whole (it is judged before its first byte is sent), and a stream's
+first event (where our backend puts its attestation).
+
+Invariant: no read waits longer than the idle deadline it is given; a failed read is an
+UpstreamTimeout or UpstreamUnavailable that names how it failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+import aiohttp
+
+from gateway.audit.events import first_event
+from gateway.errors import AnswerTooLarge, UpstreamTimeout, UpstreamUnavailable
+from gateway.relay.failures import describe
+
+MAX_FIRST_EVENT: Final = 64 * 1024  # the attestation event is a few hundred bytes
+
+
+async def read_chunk(upstream: aiohttp.ClientResponse, idle_s: float) -> bytes:
+    """What arrived since the last read (b"" at the end); waits at most `idle_s` for more.
+    Data already buffered, or the end, is taken without arming a deadline (nothing waits)."""
+    content = upstream.content
+    data = content.read_nowait()
+    if data or content.is_eof():
+        return data
+    async with asyncio.timeout(idle_s):
+        return await content.readany()
+
+
+async def first_event_of(
+    upstream: aiohttp.ClientResponse, idle_s: float
+) -> tuple[bytes | None, bytes]:
+    """The upstream's first SSE event and what followed it; (None, all) if it never completed."""
+    buf = b""
+    try:
+        while len(buf) <= MAX_FIRST_EVENT:
+            found = first_event(buf)
+            if found is not None:
+                return found
+            chunk = await read_chunk(upstream, idle_s)
+            if not chunk:
+                break
+            buf += chunk
+    except TimeoutError:
+        raise UpstreamTimeout("backend stalled before its attestation") from None
+    except aiohttp.ClientError:
+        raise UpstreamUnavailable("backend failed before its attestation") from None
+    return None, buf
+
+
+async def read_all(upstream: aiohttp.ClientResponse, idle_s: float, cap: int) -> bytes:
+    """The whole plain answer, at most `cap` bytes."""
+    parts: list[bytes] = []
+    size = 0
+    try:
+        while chunk := await read_chunk(upstream, idle_s):
+            size += len(chunk)
+            if size > cap:
+                raise AnswerTooLarge(f"the backend's answer is over {cap} bytes")
+            parts.append(chunk)
+    except TimeoutError:
+        cause = f"stalled: no data within timeouts.idle_s ({idle_s:g} s)"
+        raise UpstreamTimeout("backend stalled while answering", cause=cause) from None
+    except aiohttp.ClientError as exc:
+        cause = describe(exc)
+        raise UpstreamUnavailable("backend failed while answering", cause=cause) from None
+    return b"".join(parts)

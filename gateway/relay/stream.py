@@ -1,0 +1,93 @@
+"""Relaying a streamed answer: the first event (where our backend puts its attestation) goes to
+the exchange before anything is sent; then every chunk passes through the exchange, which says
+what the client may have of it now, until the end, when it gives back what it held (`[DONE]`).
+
+Invariant: the client gets only bytes the exchange handed back, in order; a stream that cannot
+go on ends with an `error` event, never `[DONE]`, once the exchange has settled it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import aiohttp
+from aiohttp import web
+
+from gateway.audit.events import SSE
+from gateway.audit.exchange import Exchange
+from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable, error_body
+from gateway.relay.failures import describe
+from gateway.relay.reading import first_event_of, read_chunk
+from gateway.state import RUNTIME, TIMING
+
+
+class ClientStalled(Exception):
+    """The client read nothing for `limits.write_timeout_s` while its stream was waiting."""
+
+
+async def _send(resp: web.StreamResponse, data: bytes, deadline_s: float) -> None:
+    if not data:  # an empty write could end the chunked body early
+        return
+    try:
+        async with asyncio.timeout(deadline_s):
+            await resp.write(data)
+    except TimeoutError:
+        raise ClientStalled from None
+
+
+async def relay_stream(
+    request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange
+) -> web.StreamResponse:
+    gateway = request[RUNTIME].policy.gateway
+    idle_s, write_s = gateway.timeouts.idle_s, gateway.limits.write_timeout_s
+    event, chunk = await first_event_of(upstream, idle_s) if exchange.attested else (None, b"")
+    withheld = await exchange.head(event)
+    if withheld is not None:
+        return withheld
+    headers = {"content-type": SSE, "cache-control": "no-cache", **exchange.headers}
+    resp = web.StreamResponse(status=upstream.status, headers=headers)
+    await resp.prepare(request)
+    request[TIMING].client_headers = time.perf_counter()
+    if exchange.first:
+        await resp.write(exchange.first)
+    try:
+        while True:
+            await _send(resp, exchange.events(chunk), write_s)
+            try:
+                chunk = await read_chunk(upstream, idle_s)
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise _cut_error(exc) from None
+            if not chunk:
+                break
+        await _send(resp, await exchange.end(), write_s)
+    except GatewayError as error:  # cut short, withheld, or its record lost: no `[DONE]`
+        await exchange.fail(error)
+        await _end_with_error(resp, error)
+        return resp
+    except ClientStalled:
+        await exchange.left("client_stalled")
+        if request.transport is not None:
+            request.transport.abort()  # its buffers are full: nothing more can be said
+        return resp
+    except (asyncio.CancelledError, ConnectionResetError):
+        await exchange.left("client_closed")  # the client went away: the answer gets its record
+        raise
+    await resp.write_eof()
+    return resp
+
+
+def _cut_error(exc: BaseException) -> GatewayError:
+    if isinstance(exc, TimeoutError):
+        return UpstreamTimeout("backend stalled mid-stream", cause="stalled: no event in idle_s")
+    return UpstreamUnavailable("backend failed mid-stream", cause=describe(exc))
+
+
+async def _end_with_error(resp: web.StreamResponse, error: GatewayError) -> None:
+    """An `error` event, never `[DONE]`, then a properly ended body: the connection stays usable
+    (keep-alive), and no client takes the truncated answer for a complete one."""
+    with contextlib.suppress(ConnectionResetError):
+        async with asyncio.timeout(5):
+            await resp.write(b"\n\nevent: error\ndata: " + error_body(error) + b"\n\n")
+            await resp.write_eof()

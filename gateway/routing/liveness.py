@@ -1,0 +1,143 @@
+"""Whether each backend is up: every worker checks each backend's health path (its adapter's
+`health_path`: `/readyz` for ours, `/health` for vLLM and most servers) every `INTERVAL_S` in the
+background. `/readyz` answers 503 while a backend the policy marks `required` (the default) is
+down; the admin `/status` and `/metrics` show every backend's state.
+
+Invariant: a backend is up only once a check got an answer below 500; one failed check marks it
+down. Before the first round of checks ends no backend counts as up, so readiness never claims
+what was not checked. Every change is logged once, with the URL and what failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+import aiohttp
+from aiohttp import web
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.adapters.registry import ADAPTERS
+from gateway.errors import NotReady
+from gateway.policy.backend_model import Backend
+from gateway.policy.model import Policy
+from gateway.policy.reload import HOLDER, PolicyHolder
+from gateway.relay.failures import describe
+from gateway.relay.session import SESSION
+from gateway.state import RUNTIME
+
+INTERVAL_S: Final = 2.0
+TIMEOUT_S: Final = 2.0
+log = logging.getLogger("kvfence.gateway.liveness")
+
+
+@dataclass(slots=True)
+class BackendLiveness:
+    up: bool | None = None  # None: not checked yet
+    url: str = ""  # what was checked
+    status: int | None = None  # the last check's HTTP status
+    error: str = ""  # why the last check failed
+    checked_at: float = 0.0  # wall-clock time of the last check
+    since: float = 0.0  # when `up` last changed
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Liveness:
+    """This worker's view of its backends; `run` keeps it current."""
+
+    def __init__(self) -> None:
+        self.view: dict[str, BackendLiveness] = {}
+        self.first_round = asyncio.Event()
+
+    def get(self, name: str) -> BackendLiveness:
+        return self.view.get(name) or BackendLiveness()
+
+    def down(self, policy: Policy) -> list[str]:
+        """The required backends that are not up (readiness fails while any is)."""
+        return [b.name for b in policy.backends if b.required and not self.get(b.name).up]
+
+    async def run(self, app: web.Application) -> None:
+        while True:
+            policy = app[HOLDER].runtime.policy
+            await asyncio.gather(*(self.check(app[SESSION], b) for b in policy.backends))
+            names = {b.name for b in policy.backends}
+            self.view = {n: state for n, state in self.view.items() if n in names}
+            self.first_round.set()
+            await asyncio.sleep(INTERVAL_S)
+
+    async def check(self, session: aiohttp.ClientSession, backend: Backend) -> None:
+        url = backend.url + ADAPTERS[backend.kind].health_path
+        status, error = None, ""
+        try:
+            async with asyncio.timeout(TIMEOUT_S), session.get(url) as resp:
+                status = resp.status
+                await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            error = describe(exc)
+        if status is not None and status >= 500:
+            error = f"answered {status}"
+        self._record(backend.name, url, status, error)
+
+    def _record(self, name: str, url: str, status: int | None, error: str) -> None:
+        now, before = time.time(), self.get(name)
+        up = not error
+        changed = before.up is not up
+        self.view[name] = BackendLiveness(
+            up, url, status, error, now, now if changed else before.since
+        )
+        if changed and up:
+            log.info("backend up", extra={"backend": name, "url": url, "status": status})
+        elif changed:
+            log.warning("backend down", extra={"backend": name, "url": url, "error": error})
+
+    async def ready(self, policy: Policy) -> list[str]:
+        """`down(policy)` once the first round of checks ended (waiting for it at most a
+        check's deadline)."""
+        try:
+            async with asyncio.timeout(TIMEOUT_S + 1):
+                await self.first_round.wait()
+        except TimeoutError:
+            pass
+        return self.down(policy)
+
+
+LIVENESS = web.AppKey("kvfence_liveness", Liveness)
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """200 while every required backend is up; else 503, without naming them (the tenant port
+    is public: the admin `/status` says which are down and why)."""
+    down = await request.app[LIVENESS].ready(request[RUNTIME].policy)
+    if down:
+        raise NotReady(f"not ready: {len(down)} required backend(s) down (see the admin /status)")
+    return web.Response(text="ready\n")
+
+
+class LivenessCollector(Collector):
+    """`kvfence_gateway_backend_up{backend}` and `kvfence_gateway_ready`, from the answering
+    worker's own checks."""
+
+    def __init__(self, liveness: Liveness, holder: PolicyHolder) -> None:
+        self.liveness, self.holder = liveness, holder
+
+    def collect(self) -> Iterator[Metric]:
+        policy = self.holder.runtime.policy
+        up = GaugeMetricFamily(
+            "kvfence_gateway_backend_up",
+            "1 while the backend answers its health check",
+            labels=["backend"],
+        )
+        for backend in policy.backends:
+            up.add_metric([backend.name], float(bool(self.liveness.get(backend.name).up)))
+        ready = GaugeMetricFamily(
+            "kvfence_gateway_ready", "1 while every required backend is up (/readyz answers 200)"
+        )
+        ready.add_metric([], float(not self.liveness.down(policy)))
+        yield from (up, ready)

@@ -1,0 +1,189 @@
+"""The fleet's deployment files: the Kubernetes manifests validate offline against the API
+schemas (kubernetes-validate) and keep the isolation rules (only the gateway reaches backends
+and Redis, probes on /readyz, a disruption budget, a GPU per backend); the compose `fleet`
+profile validates like docker-compose.yml; both policies load and describe the same fleet."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gateway.policy.load import load_policy
+from gateway.policy.model import OnSharedFailure, Policy
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "deploy" / "k8s"
+COMPOSE = ROOT / "deploy" / "compose.fleet.yml"
+K8S_VERSION = "1.30.0"
+DOCS: list[dict[str, Any]] = [
+    doc for f in sorted(K8S.glob("*.yaml")) for doc in yaml.safe_load_all(f.read_text()) if doc
+]
+GATEWAY = {"app.kubernetes.io/name": "kvfence", "app.kubernetes.io/component": "gateway"}
+
+
+def of_kind(kind: str) -> list[dict[str, Any]]:
+    return [d for d in DOCS if d["kind"] == kind]
+
+
+def named(kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in of_kind(kind) if d["metadata"]["name"] == name]
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_every_manifest_validates_strictly(doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_validator_refuses_a_misspelt_field() -> None:
+    broken = yaml.safe_load(yaml.safe_dump(named("Deployment", "kvfence-gateway")))
+    broken["spec"]["replica"] = broken["spec"].pop("replicas")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def test_gateway_replicas_probes_and_disruption_budget() -> None:
+    gateway = named("Deployment", "kvfence-gateway")
+    assert gateway["spec"]["replicas"] >= 2
+    (container,) = gateway["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    (budget,) = of_kind("PodDisruptionBudget")
+    assert budget["spec"]["selector"]["matchLabels"] == GATEWAY
+    assert budget["spec"]["minAvailable"] < gateway["spec"]["replicas"]
+    service = named("Service", "kvfence-gateway")
+    assert service["spec"]["selector"] == GATEWAY
+
+
+def test_each_backend_has_a_gpu_and_its_own_service() -> None:
+    backends = [d for d in of_kind("Deployment") if "backend" in d["metadata"]["name"]]
+    assert len(backends) == 2
+    for deployment in backends:
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert "--device" in container["args"]
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        service = named("Service", deployment["metadata"]["name"])
+        assert service["spec"]["selector"].items() <= labels.items()
+
+
+@pytest.mark.parametrize("component", ["backend", "redis"])
+def test_only_the_gateway_reaches_backends_and_redis(component: str) -> None:
+    deny = named("NetworkPolicy", "default-deny-ingress")
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    guards = [
+        p
+        for p in of_kind("NetworkPolicy")
+        if p["spec"]["podSelector"].get("matchLabels", {}).get("app.kubernetes.io/component")
+        == component
+    ]
+    assert len(guards) == 1
+    for rule in guards[0]["spec"]["ingress"]:
+        assert rule["from"] == [{"podSelector": {"matchLabels": GATEWAY}}]
+
+
+def _rebased(text: str, tmp_path: Path) -> Path:
+    """The policy with every secret file replaced by a local one (keys that load)."""
+    from tests.kit.stack import make_keys
+
+    keys = make_keys(tmp_path)
+    files = {
+        "namespace_key": keys.folder / "ns.key",
+        "api_key_pepper": keys.folder / "pepper",
+        "audit_key": keys.folder / "audit.key",
+        "admin_token": keys.folder / "audit.key",
+        "gateway-1.key": keys.folder / "gateway.key",
+        "gateway_signing_key": keys.folder / "gateway.key",
+        "backend-trust.json": keys.folder / "gateway-trust.json",
+        "backend_trust": keys.folder / "gateway-trust.json",
+    }
+    for prefix in ("/etc/kvfence/secrets/", "/run/secrets/"):
+        for name, path in files.items():
+            text = text.replace(prefix + name + "}", f"{path}}}")
+    (tmp_path / "tenants").mkdir()
+    for tenant in ("acme", "globex"):
+        (tmp_path / "tenants" / f"{tenant}.digests").write_text("")
+    text = text.replace("/etc/kvfence/tenants/", f"{tmp_path}/tenants/")
+    for folder in ("audit", "anchor"):
+        (tmp_path / folder).mkdir(mode=0o700)
+        text = text.replace(f"/var/lib/kvfence/{folder}/", f"{tmp_path}/{folder}/")
+    out = tmp_path / "policy.yaml"
+    out.write_text(text)
+    return out
+
+
+def _check_fleet(policy: Policy, urls: set[str]) -> None:
+    assert {b.url for b in policy.backends} == urls
+    assert {m.name for b in policy.backends for m in b.models} == {"smollm2"}
+    shared = policy.gateway.shared
+    assert shared is not None and shared.on_failure is OnSharedFailure.CLOSED
+    assert all(t.limits.any for t in policy.tenants)
+
+
+def test_the_configmap_policy_loads_and_names_the_services(tmp_path: Path) -> None:
+    text = named("ConfigMap", "kvfence-policy")["data"]["policy.yaml"]
+    policy = load_policy(_rebased(text, tmp_path))
+    services = {d["metadata"]["name"] for d in of_kind("Service")}
+    urls = {f"http://{s}:8000" for s in services if "backend" in s}
+    _check_fleet(policy, urls)
+    assert policy.gateway.shared is not None
+    assert "kvfence-redis" in policy.gateway.shared.redis_url and "kvfence-redis" in services
+
+
+def test_the_compose_fleet_policy_loads(tmp_path: Path) -> None:
+    policy = load_policy(_rebased((ROOT / "policies" / "fleet.yaml").read_text(), tmp_path))
+    _check_fleet(policy, {"http://backend-a:8000", "http://backend-b:8000"})
+
+
+def test_each_compose_gateway_keeps_its_own_log_and_its_anchor_apart(tmp_path: Path) -> None:
+    """Whoever rewrites a gateway's log cannot also roll back its anchor in the same folder,
+    and two replicas never write one chain."""
+    policy = load_policy(_rebased((ROOT / "policies" / "fleet.yaml").read_text(), tmp_path))
+    audit = policy.gateway.audit_log
+    assert audit is not None and audit.anchor is not None
+    text = yaml.safe_load((ROOT / "policies" / "fleet.yaml").read_text())["gateway"]["audit_log"]
+    log_dir, anchor_dir = Path(text["path"]).parent, Path(text["anchor"]).parent
+    assert log_dir != anchor_dir
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    sources = []
+    for name in ("gateway-a", "gateway-b"):
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in services[name]["volumes"]}
+        sources += [mounts[log_dir.as_posix()], mounts[anchor_dir.as_posix()]]
+    assert len(set(sources)) == 4, sources
+
+
+@pytest.mark.parametrize("service", ["gateway-a", "backend-a"])
+def test_compose_fleet_builds_as_docker_compose_yml_does(service: str) -> None:
+    """The same build arguments from the environment (PYTHON_IMAGE, TORCH_INDEX_URL), so a
+    build through either file makes the same image."""
+    fleet = yaml.safe_load(COMPOSE.read_text())["services"][service]["build"]
+    single = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    image = yaml.safe_load(COMPOSE.read_text())["services"][service]["image"]
+    [same] = [s["build"] for s in single.values() if s.get("image") == image and "build" in s]
+    assert fleet["args"] == same["args"] and fleet["target"] == same["target"]
+
+
+def test_compose_fleet_publishes_only_the_load_balancer() -> None:
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    assert set(services) == {"lb", "gateway-a", "gateway-b", "backend-a", "backend-b", "redis"}
+    assert all(s["profiles"] == ["fleet"] for s in services.values())
+    for name, service in services.items():
+        public = [p for p in service.get("ports", []) if not p.startswith("127.0.0.1:")]
+        assert bool(public) == (name == "lb"), f"{name} publishes {public}"
+    for name in ("backend-a", "backend-b", "redis"):
+        assert services[name]["networks"] == ["fence"]
+    assert yaml.safe_load(COMPOSE.read_text())["networks"]["fence"]["internal"] is True
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_docker_compose_validates_the_fleet_profile() -> None:
+    cmd = ["docker-compose", "-f", str(COMPOSE), "--profile", "fleet", "config", "-q"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
