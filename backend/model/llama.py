@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from backend.model.activation import SwiGLU
 from backend.model.config import ModelConfig
 from backend.model.linear import Projection
 
@@ -79,6 +80,7 @@ class Llama:
             )
             for w in layers
         ]
+        self._swiglu = SwiGLU(config.ffn, self.dtype, self.device)
         self._cos, self._sin = _rope_tables(config, self.device)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,8 +117,7 @@ class Llama:
             v = qkv[:, cfg.q_size + cfg.kv_size :].view(t, cfg.n_kv_heads, cfg.head_dim)
             x = x + p.o(attention(i, q, k, v))
             h = F.rms_norm(x, (cfg.hidden,), w.ffn_norm, cfg.rms_eps).to(dt)
-            gate, up = p.gate_up(h).chunk(2, dim=-1)
-            x = x + p.down(F.silu(gate) * up)
+            x = x + p.down(self._swiglu(p.gate_up(h)))
         if logits_index is not None:
             x = x[logits_index]
         x = F.rms_norm(x, (cfg.hidden,), self.norm, cfg.rms_eps)

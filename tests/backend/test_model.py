@@ -7,8 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from backend.model import LoadedModel
+from backend.model.activation import SwiGLU
 from backend.model.linear import Projection
 from backend.model.llama import DenseCausalAttention
+from tests.conftest import TEST_DEVICE
 
 
 def test_earlier_logits_ignore_later_tokens(tiny_model: LoadedModel) -> None:
@@ -59,6 +61,18 @@ def test_dense_forward_gives_the_reference_answer(smollm2: LoadedModel) -> None:
         for _ in range(8):
             ids.append(int(smollm2.model.forward_dense(ids)[-1].argmax()))
     assert tok.decode(ids[-8:]).startswith("The capital of France is Paris.")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_swiglu_rows_do_not_depend_on_how_many_share_the_call(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(2)
+    swiglu = SwiGLU(1536, dtype, TEST_DEVICE)
+    x = torch.randn(300, 2 * 1536, generator=gen).to(device=TEST_DEVICE, dtype=dtype)
+    alone = torch.cat([swiglu(x[i : i + 1]) for i in range(300)])
+    gate, up = x.chunk(2, dim=-1)
+    torch.testing.assert_close(alone, F.silu(gate) * up)
+    for rows in (2, 21, 22, 64, 65, 150, 300):
+        assert torch.equal(swiglu(x[:rows]), alone[:rows]), rows
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
