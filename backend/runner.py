@@ -65,7 +65,11 @@ class ModelRunner:
             if not plan.chunks:
                 return StepResult({})
             inputs = build_step_inputs(
-                plan.chunks, self.block_size, self.loaded.config.group, self.device
+                plan.chunks,
+                self.block_size,
+                self.loaded.config.group,
+                self.pool.plan,
+                self.device,
             )
             attention = self.pool.attention(inputs.slots, inputs.groups)
             logits = self.model.forward(

@@ -1,0 +1,56 @@
+"""How a step's chunks are packed: decodes batched (by span where the plan asks) ahead of the
+other chunks, those in query tiles (cut at block ends where the plan asks)."""
+
+from __future__ import annotations
+
+import torch
+
+from backend.engine.plan import Chunk, SamplingParams
+from backend.model.attention_plan import AttentionPlan
+from backend.model.step_inputs import build_step_inputs
+
+BS = 4
+CPU = torch.device("cpu")
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def chunk(seq: int, start: int, n: int, sample: bool = True) -> Chunk:
+    table = tuple(range(seq * 10, seq * 10 + 10))
+    return Chunk(seq, tuple(range(100 * seq + start, 100 * seq + start + n)), start, table,
+                 sample, GREEDY, 0)  # fmt: skip
+
+
+def test_decodes_come_first_and_longer_chunks_attend_in_tiles() -> None:
+    chunks = [chunk(1, 0, 6), chunk(2, 9, 1), chunk(3, 0, 3), chunk(4, 7, 1, sample=False)]
+    plan = AttentionPlan(tile_tokens=2, own_spans=False, invariant=True)
+    inputs = build_step_inputs(chunks, BS, 2, plan, CPU)
+    assert inputs.input_ids.tolist() == [209, 407, *range(100, 106), 300, 301, 302]
+    assert inputs.positions.tolist() == [9, 7, *range(6), *range(3)]
+    assert [(g.rows.start, g.rows.stop, g.batch, g.span) for g in inputs.groups] == [
+        (0, 2, 2, 1),  # the decodes
+        (2, 8, 3, 2),  # three tiles of two tokens
+        (8, 11, 2, 2),  # the last tile padded
+    ]
+    # Sampled rows: each chunk's last token, in row order.
+    assert inputs.logits_index.tolist() == [0, 7, 10]
+    assert [c.seq_id for c in inputs.sampled] == [2, 1, 3]
+
+
+def test_tiles_are_causal_and_padded_with_their_last_query() -> None:
+    plan = AttentionPlan(tile_tokens=2, own_spans=False, invariant=True)
+    inputs = build_step_inputs([chunk(1, 2, 3)], BS, 2, plan, CPU)
+    [g] = inputs.groups
+    assert g.mask is not None and g.mask.shape == (2, 1, 4, 8)  # 2 tiles, 2 heads x 2 tokens
+    seen = g.mask[:, 0].sum(-1).tolist()  # keys each query row sees, rows (head, token)
+    assert seen == [[3, 4, 3, 4], [5, 5, 5, 5]]
+
+
+def test_own_spans_keep_every_query_within_its_block() -> None:
+    chunks = [chunk(1, 3, 1), chunk(2, 9, 1), chunk(3, 10, 1), chunk(4, 2, 7)]
+    plan = AttentionPlan(tile_tokens=2, own_spans=True, invariant=True)
+    inputs = build_step_inputs(chunks, BS, 2, plan, CPU)
+    spans = [(g.rows.stop - g.rows.start, g.mask.shape[-1] if g.mask is not None else None)
+             for g in inputs.groups]  # fmt: skip
+    # Decodes by span (4: seq 1; 12: seqs 2 and 3), then the prompt cut at 4 and 8.
+    assert spans == [(1, None), (2, 12), (2, 4), (4, 8), (1, 12)]
+    assert inputs.positions.tolist() == [3, 9, 10, *range(2, 9)]
