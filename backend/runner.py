@@ -73,7 +73,11 @@ class ModelRunner:
             )
             attention = self.pool.attention(inputs.slots, inputs.groups)
             logits = self.model.forward(
-                inputs.input_ids, inputs.positions, attention, inputs.logits_index
+                inputs.input_ids,
+                inputs.positions,
+                attention,
+                inputs.logits_index,
+                inputs.generated,
             )
             if not inputs.sampled:
                 return StepResult({})

@@ -1,8 +1,11 @@
 """Packs one step plan into the index tensors the forward pass needs, built once per step.
 
-Invariant: decode chunks (one new token) come first and form one batched attention group (one
-per span under `own_spans`); every longer chunk attends in query tiles of the plan's size, its
-own group (one per block under `own_spans`); sampled rows follow the order of `sampled`.
+Invariant: rows of tokens the model generated come first (`generated` of them), prompt tokens
+after, so the projections run each kind apart whatever shares the step; a chunk that holds both
+(a preempted sequence computed again) is cut in two at its prompt's end. Single generated tokens
+(decodes) form one batched attention group (one per span under `own_spans`); every other piece
+attends in query tiles of the plan's size, its own group (one per block under `own_spans`);
+sampled rows follow the order of `sampled`.
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ class StepInputs:
     groups: list[AttnGroup]
     logits_index: torch.Tensor  # [N] packed rows whose next token is sampled
     sampled: list[Chunk]  # N chunks, in logits row order
+    generated: int  # the first rows are tokens the model generated, the rest prompt tokens
 
 
 @dataclass(frozen=True, slots=True)
 class _Piece:
-    """Positions [start, end) of one chunk."""
+    """Positions [start, end) of one chunk, all of one kind."""
 
     chunk: Chunk
     start: int
@@ -48,6 +52,8 @@ def validate_chunk(chunk: Chunk, block_size: int, num_blocks: int, max_positions
         raise ValueError(f"sequence {chunk.seq_id}: block table does not cover position {end}")
     if min(chunk.block_table) < 0 or max(chunk.block_table) >= num_blocks:
         raise ValueError(f"sequence {chunk.seq_id}: block id outside the pool")
+    if chunk.prompt_len < 1:
+        raise ValueError(f"sequence {chunk.seq_id}: a prompt has at least one token")
 
 
 def build_step_inputs(
@@ -57,8 +63,8 @@ def build_step_inputs(
     plan: AttentionPlan,
     device: torch.device,
 ) -> StepInputs:
-    pieces = [_Piece(c, c.start, c.start + len(c.token_ids)) for c in chunks]
-    batches, longer = _arrange(pieces, block_size, plan)
+    generated, prompt = _pieces(chunks)
+    batches, longer = _arrange(generated, prompt, block_size, plan)
     built: list[tuple[AttnGroup, torch.Tensor]] = []
     offset = 0
     for batch in batches:
@@ -82,15 +88,30 @@ def build_step_inputs(
         groups=[g for g, _ in built],
         logits_index=torch.tensor([r for r, _ in rows], device=device, dtype=torch.long),
         sampled=[c for _, c in rows],
+        generated=sum(p.end - p.start for p in generated),
     )
 
 
+def _pieces(chunks: Sequence[Chunk]) -> tuple[list[_Piece], list[_Piece]]:
+    """Each chunk's generated and prompt positions, as (generated pieces, prompt pieces)."""
+    generated: list[_Piece] = []
+    prompt: list[_Piece] = []
+    for c in chunks:
+        end = c.start + len(c.token_ids)
+        cut = min(max(c.prompt_len, c.start), end)
+        if cut > c.start:
+            prompt.append(_Piece(c, c.start, cut))
+        if end > cut:
+            generated.append(_Piece(c, cut, end))
+    return generated, prompt
+
+
 def _arrange(
-    pieces: list[_Piece], block_size: int, plan: AttentionPlan
+    generated: list[_Piece], prompt: list[_Piece], block_size: int, plan: AttentionPlan
 ) -> tuple[list[list[_Piece]], list[_Piece]]:
-    """(batches of decodes, pieces attended in tiles), decodes first."""
-    decodes = [p for p in pieces if p.end - p.start == 1]
-    longer = [p for p in pieces if p.end - p.start > 1]
+    """(batches of decodes, pieces attended in tiles), generated pieces ahead of prompt ones."""
+    decodes = [p for p in generated if p.end - p.start == 1]
+    longer = [p for p in generated if p.end - p.start > 1] + prompt
     if not plan.own_spans:
         return ([decodes] if decodes else []), longer
     # No query may attend over a span longer than its own: decodes by span, pieces by block.
