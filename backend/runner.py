@@ -44,6 +44,10 @@ class ModelRunner:
     def v_cache(self) -> list[torch.Tensor]:
         return self.pool.v_cache
 
+    def kernel_plans(self) -> str:
+        """How this host's kernels are fed so that a row never depends on its batch-mates."""
+        return f"{self.model.row_plans()}; {self.pool.plan.describe()}"
+
     def kv_cache_bytes(self) -> int:
         """Bytes held by the KV pool (K and V, all layers)."""
         return self.pool.nbytes()

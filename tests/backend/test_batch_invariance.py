@@ -135,3 +135,9 @@ def test_a_prompt_leaves_the_same_bits_however_it_is_chunked(
     result, kv = prefilled(tiny_model, cuts)
     assert torch.equal(kv, whole_kv)
     assert result == whole_result
+
+
+def test_the_runner_says_how_this_hosts_kernels_are_fed(tiny_model: LoadedModel) -> None:
+    plans = ModelRunner(tiny_model, num_blocks=4, block_size=4).kernel_plans()
+    assert "qkv: generated rows <=" in plans and "head: generated rows <=" in plans
+    assert plans.endswith("batch invariance holds")
