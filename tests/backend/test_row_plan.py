@@ -14,6 +14,7 @@ from backend.model.row_plan import (
     Kernel,
     RowPlan,
     better,
+    calls,
     full,
     generated_calls,
     probe,
@@ -93,3 +94,13 @@ def test_prompt_calls_are_padded_to_a_probed_size(rows: int) -> None:
     assert calls[0][0] == 0 and calls[-1][1] == rows
     assert all(size in sizes and b - a <= size for a, b, size in calls)
     assert all(b == a2 for (_, b, _), (a2, _, _) in itertools.pairwise(calls))
+
+
+def test_calls_keep_generated_and_prompt_rows_apart() -> None:
+    plan = RowPlan(32, (48, 64))
+    assert calls(40, 40, plan) == [(0, 20, 20), (20, 40, 20)]
+    assert calls(45, 5, plan) == [(0, 5, 5), (5, 45, 48)]
+    assert calls(1, 1, plan) == [(0, 1, 2)]  # one row runs as two
+    assert calls(70, 0, plan) == [(0, 35, 48), (35, 70, 48)]
+    # Without prompt sizes every row runs as a generated one.
+    assert calls(45, 5, RowPlan(32, ())) == [(0, 22, 22), (22, 45, 23)]
