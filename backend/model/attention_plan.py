@@ -39,17 +39,8 @@ class AttentionPlan:
 def plan_attention(
     config: ModelConfig, block_size: int, dtype: torch.dtype, device: torch.device
 ) -> AttentionPlan:
-    gen = torch.Generator().manual_seed(0)
     span = -(-_CONTEXT // block_size) * block_size
-    shape = (span, config.n_kv_heads, config.group, config.head_dim)
-    q = torch.randn(shape, generator=gen).to(device=device, dtype=dtype)  # [L, Hkv, G, D]
-    k, v = (
-        torch.randn(shape[:2] + shape[3:], generator=gen)
-        .to(device=device, dtype=dtype)
-        .transpose(0, 1)
-        .unsqueeze(0)
-        for _ in range(2)
-    )  # [1, Hkv, L, D]
+    q, k, v = _cancelling(span, config, block_size, dtype, device)
     probe = _Probe(q, k, v, block_size)
     if not probe.batches_keep_bits():
         return AttentionPlan(1, True, False)
@@ -58,6 +49,24 @@ def plan_attention(
     if tile > 1 and not probe.tiles_keep_bits(config.group, tile, own):
         tile = 1  # one query token per element: the decodes' own shape
     return AttentionPlan(tile, own, True)
+
+
+def _cancelling(
+    span: int, config: ModelConfig, block_size: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q: [L, Hkv, G, D]; k, v: [1, Hkv, L, D], laid out as a gathered context. In each block,
+    the key half a block on repeats the one before it and its value is that value negated, so a
+    query's output is mostly a rounding residue: another summation order shows in its bits."""
+    gen = torch.Generator().manual_seed(0)
+    hkv, d, half = config.n_kv_heads, config.head_dim, block_size // 2
+    q = torch.randn(span, hkv, config.group, d, generator=gen)
+    k, v = torch.randn(2, span, hkv, d, generator=gen).to(dtype).float()
+    if half:
+        first = torch.arange(span).view(-1, block_size)[:, :half].reshape(-1)
+        k[first + half], v[first + half] = k[first], -v[first]
+    q = q.to(device=device, dtype=dtype)
+    k, v = (t.to(device=device, dtype=dtype).transpose(0, 1).unsqueeze(0) for t in (k, v))
+    return q, k, v
 
 
 class _Probe:

@@ -22,7 +22,8 @@ Kernel = Callable[[torch.Tensor], torch.Tensor]  # x: [M, K] -> [M, N]
 GENERATED_MAX = 32
 # Prompt rows: large calls keep the throughput of the kernels tuned for many rows; the smallest
 # is above GENERATED_MAX because small calls are where kernels switch their blocking.
-PROMPT_CANDIDATES = tuple(range(48, 257, 16))
+PROMPT_CANDIDATES = tuple(range(48, 513, 16))
+PROMPT_ENOUGH = 192  # prompt calls this large already run at the kernel's full speed
 _SHIFTS = (1, 5, 16, 31)  # prompt rows moved to other positions and other call-mates
 
 
@@ -79,10 +80,11 @@ def better(a: RowPlan, b: RowPlan) -> bool:
     )
 
 
-def full(plan: RowPlan, prompt: bool) -> bool:
-    """Whether the plan admits every candidate: nothing better can be found."""
+def sufficient(plan: RowPlan, prompt: bool) -> bool:
+    """Whether the plan admits every generated call size and, where prompt rows are planned,
+    prompt calls of at least PROMPT_ENOUGH rows: another kernel is not worth probing."""
     return plan.generated_rows == GENERATED_MAX and (
-        not prompt or plan.prompt_sizes == PROMPT_CANDIDATES
+        not prompt or max(plan.prompt_sizes, default=0) >= PROMPT_ENOUGH
     )
 
 

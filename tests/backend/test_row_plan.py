@@ -15,10 +15,10 @@ from backend.model.row_plan import (
     RowPlan,
     better,
     calls,
-    full,
     generated_calls,
     probe,
     prompt_calls,
+    sufficient,
 )
 
 GEN = torch.Generator().manual_seed(3)
@@ -44,7 +44,7 @@ def by_position(x: torch.Tensor) -> torch.Tensor:
 def test_a_steady_kernel_takes_every_call_size() -> None:
     plan = probe(steady, X, prompt=True)
     assert plan == RowPlan(GENERATED_MAX, PROMPT_CANDIDATES)
-    assert full(plan, prompt=True)
+    assert sufficient(plan, prompt=True)
 
 
 def test_a_kernel_that_switches_past_32_rows_keeps_the_two_kinds_apart() -> None:
@@ -52,7 +52,7 @@ def test_a_kernel_that_switches_past_32_rows_keeps_the_two_kinds_apart() -> None
     assert plan == RowPlan(32, PROMPT_CANDIDATES)  # prompt calls all sum the second way
 
 
-@pytest.mark.parametrize(("rows", "generated", "largest"), [(9, 8, 256), (150, 32, 144)])
+@pytest.mark.parametrize(("rows", "generated", "largest"), [(9, 8, 512), (150, 32, 144)])
 def test_switches_bound_the_calls(rows: int, generated: int, largest: int) -> None:
     plan = probe(switching_at(rows), X, prompt=True)
     assert plan.generated_rows == generated
@@ -62,13 +62,13 @@ def test_switches_bound_the_calls(rows: int, generated: int, largest: int) -> No
 def test_a_kernel_that_depends_on_position_gets_rows_alone() -> None:
     plan = probe(by_position, X, prompt=True)
     assert plan == RowPlan(1, ())
-    assert not full(plan, prompt=True)
+    assert not sufficient(plan, prompt=True)
 
 
 def test_without_prompt_rows_only_generated_calls_are_planned() -> None:
     plan = probe(steady, X, prompt=False)
     assert plan == RowPlan(GENERATED_MAX, ())
-    assert full(plan, prompt=False)
+    assert sufficient(plan, prompt=False)
 
 
 def test_better_prefers_larger_calls() -> None:
