@@ -20,6 +20,9 @@ from backend.model.attend import block_pieces, decode_mask, tile_mask
 from backend.model.attention_plan import AttentionPlan
 from backend.model.kv_pool import AttnGroup
 
+# Prompt queries attended in one call (whole tiles): fewer keys read than one call per chunk.
+_CALL_TOKENS = 96
+
 
 @dataclass(frozen=True, slots=True)
 class StepInputs:
@@ -113,7 +116,11 @@ def _arrange(
     decodes = [p for p in generated if p.end - p.start == 1]
     longer = [p for p in generated if p.end - p.start > 1] + prompt
     if not plan.own_spans:
-        return ([decodes] if decodes else []), longer
+        # A call reads the keys its last query sees: a long piece in several calls reads less.
+        per = plan.tile_tokens * max(1, _CALL_TOKENS // plan.tile_tokens)
+        bounds = [(p, range(p.start, p.end, per)) for p in longer]
+        calls = [_Piece(p.chunk, a, min(a + per, p.end)) for p, starts in bounds for a in starts]
+        return ([decodes] if decodes else []), calls
     # No query may attend over a span longer than its own: decodes by span, pieces by block.
     spans: dict[int, list[_Piece]] = {}
     for p in decodes:

@@ -63,3 +63,12 @@ def test_own_spans_keep_every_query_within_its_block() -> None:
     # Decodes by span (4: seq 1; 12: seqs 2 and 3), then the prompt cut at 4 and 8.
     assert spans == [(1, None), (2, 12), (2, 4), (4, 8), (1, 12)]
     assert inputs.positions.tolist() == [3, 9, 10, *range(2, 9)]
+
+
+def test_a_long_prompt_attends_in_calls_that_read_only_the_keys_they_see() -> None:
+    plan = AttentionPlan(tile_tokens=10, own_spans=False, invariant=True)
+    long = Chunk(1, tuple(range(200)), 0, tuple(range(50)), True, GREEDY, 0, 200)
+    inputs = build_step_inputs([long], BS, 2, plan, CPU)
+    calls = [(g.rows.start, g.rows.stop, g.mask.shape[-1] if g.mask is not None else 0)
+             for g in inputs.groups]  # fmt: skip
+    assert calls == [(0, 90, 92), (90, 180, 180), (180, 200, 200)]
