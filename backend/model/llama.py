@@ -100,7 +100,7 @@ class Llama:
         p = self._proj[0]
         names = {"qkv": p.qkv, "o": p.o, "gate_up": p.gate_up, "down": p.down, "head": self._head}
         plans = [f"{name}: {proj.plan.describe()}" for name, proj in names.items()]
-        return "; ".join([*plans, f"swiglu rows <= {self._swiglu.rows}"])
+        return "; ".join([*plans, self._swiglu.describe()])
 
     def forward(
         self,
