@@ -136,6 +136,12 @@ def build(args: argparse.Namespace) -> web.Application:
     model = ServedModel(name, args.revision, loaded.config.max_positions)
     signer = AttestationSigner(signing_key, args.key_id or args.signing_key.stem, args.id)
     backend = Backend(worker, loaded.tokenizer, model, HandleVerifier(trust, args.id), signer)
+    if not runner.pool.plan.invariant:
+        log.warning(
+            "this host's attention kernel gives a decode other bits in another batch: "
+            "answers may depend on what shares their steps",
+            extra={"kernels": runner.kernel_plans()},
+        )
     log.info(
         "backend ready to serve",
         extra={
@@ -143,6 +149,7 @@ def build(args: argparse.Namespace) -> web.Application:
             "device": str(loaded.device),
             "dtype": str(loaded.dtype).removeprefix("torch."),
             "dtype_reason": loaded.dtype_reason,
+            "kernels": runner.kernel_plans(),
             "threads": threads,
             "max_step_tokens": args.max_step_tokens,
             "prefill_policy": args.prefill_policy,

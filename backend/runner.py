@@ -44,6 +44,10 @@ class ModelRunner:
     def v_cache(self) -> list[torch.Tensor]:
         return self.pool.v_cache
 
+    def kernel_plans(self) -> str:
+        """How this host's kernels are fed so that a row never depends on its batch-mates."""
+        return f"{self.model.row_plans()}; {self.pool.plan.describe()}"
+
     def kv_cache_bytes(self) -> int:
         """Bytes held by the KV pool (K and V, all layers)."""
         return self.pool.nbytes()
@@ -65,11 +69,19 @@ class ModelRunner:
             if not plan.chunks:
                 return StepResult({})
             inputs = build_step_inputs(
-                plan.chunks, self.block_size, self.loaded.config.group, self.device
+                plan.chunks,
+                self.block_size,
+                self.loaded.config.group,
+                self.pool.plan,
+                self.device,
             )
             attention = self.pool.attention(inputs.slots, inputs.groups)
             logits = self.model.forward(
-                inputs.input_ids, inputs.positions, attention, inputs.logits_index
+                inputs.input_ids,
+                inputs.positions,
+                attention,
+                inputs.logits_index,
+                inputs.generated,
             )
             if not inputs.sampled:
                 return StepResult({})

@@ -47,14 +47,16 @@ def decode_rate(runner: ModelRunner, loaded: LoadedModel, batch: int, steps: int
     prompts = [prompt_ids(loaded, TOPICS[i % len(TOPICS)]) for i in range(batch)]
     per_seq = -(-(max(map(len, prompts)) + steps + 1) // BLOCK)
     tables = [tuple(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
-    chunks = (Chunk(i, tuple(p), 0, tables[i], True, GREEDY, 0) for i, p in enumerate(prompts))
+    chunks = (
+        Chunk(i, tuple(p), 0, tables[i], True, GREEDY, 0, len(p)) for i, p in enumerate(prompts)
+    )
     last = runner.execute(StepPlan(tuple(chunks))).tokens
     sync(runner.device)
     start = time.perf_counter()
     for step in range(steps):
         plan = StepPlan(
             tuple(
-                Chunk(i, (last[i],), len(p) + step, tables[i], True, GREEDY, step + 1)
+                Chunk(i, (last[i],), len(p) + step, tables[i], True, GREEDY, step + 1, len(p))
                 for i, p in enumerate(prompts)
             )
         )
@@ -69,7 +71,7 @@ def prefill_seconds(runner: ModelRunner, loaded: LoadedModel, repeats: int) -> t
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        runner.execute(StepPlan((Chunk(0, tuple(ids), 0, table, True, GREEDY, 0),)))
+        runner.execute(StepPlan((Chunk(0, tuple(ids), 0, table, True, GREEDY, 0, len(ids)),)))
         sync(runner.device)
         times.append(time.perf_counter() - start)
     return len(ids), statistics.median(times)
@@ -95,7 +97,7 @@ def top_ops(work: Callable[[], object], rows: int = 12) -> list[dict[str, Any]]:
 def profiles(runner: ModelRunner, loaded: LoadedModel) -> dict[str, list[dict[str, Any]]]:
     ids = prompt_ids(loaded, "lighthouses", words=120)
     table = tuple(range(-(-len(ids) // BLOCK)))
-    prefill = StepPlan((Chunk(0, tuple(ids), 0, table, True, GREEDY, 0),))
+    prefill = StepPlan((Chunk(0, tuple(ids), 0, table, True, GREEDY, 0, len(ids)),))
     out = {"prefill": top_ops(lambda: runner.execute(prefill))}
     for batch in (1, 8):
         out[f"decode_batch{batch}_16_steps"] = top_ops(

@@ -36,4 +36,5 @@ def next_chunk(seq: Sequence, n: int) -> Chunk:
         sample=start + n == seq.num_tokens,
         sampling=seq.sampling,
         num_generated=seq.num_generated,
+        prompt_len=seq.prompt_len,
     )

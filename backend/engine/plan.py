@@ -58,6 +58,7 @@ class Chunk:
     sample: bool  # True when the chunk ends at the sequence's last token: sample the next one
     sampling: SamplingParams
     num_generated: int  # tokens generated so far; with a seed, sampling depends only on it
+    prompt_len: int  # positions below it hold prompt tokens, the rest tokens the model generated
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,8 @@
 
 Invariant: K/V of token position p of a sequence live at flat slot
 table[p // block_size] * block_size + p % block_size of every layer; nothing else writes there.
+Every attention call has one of two query shapes, one token or one tile of `tile_tokens` tokens
+per batch element (backend.model.attention_plan probes that both give a query the same bits).
 """
 
 from __future__ import annotations
@@ -9,19 +11,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from backend.model.attend import attend
+from backend.model.attention_plan import AttentionPlan, plan_attention
 from backend.model.config import ModelConfig
 
 
 @dataclass(frozen=True, slots=True)
 class AttnGroup:
-    """Sequences attended together: B sequences of S new tokens each, packed contiguously."""
+    """Queries attended together: B elements of S query tokens each (the n tokens of `rows`,
+    packed contiguously; the last element padded when n < B * S), every element reading its own
+    context or, with one row of `blocks`, one shared context."""
 
     rows: slice  # the group's queries in the packed step, ordered (b, s)
     batch: int  # B
     span: int  # S
-    blocks: torch.Tensor  # [B, nb] block ids of the context each sequence reads (L = nb * bs)
+    blocks: torch.Tensor  # [B or 1, nb] block ids of the context read (L = nb * bs)
     mask: torch.Tensor | None  # [B, 1, G*S or 1, L] bool, True = attend; None = attend to all
 
 
@@ -45,6 +50,7 @@ class KVPool:
         self.config = config
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.plan: AttentionPlan = plan_attention(config, block_size, dtype, device)
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
@@ -68,7 +74,6 @@ class PagedAttention:
         self.groups = groups
         cfg = pool.config
         self.n_kv = cfg.n_kv_heads
-        self.group = cfg.group
         self.d = cfg.head_dim
 
     def __call__(
@@ -88,18 +93,10 @@ class PagedAttention:
     def _group(
         self, g: AttnGroup, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
-        b, s, hkv, grp, d = g.batch, g.span, self.n_kv, self.group, self.d
-        # The G query heads sharing a KV head ride along the query axis: no K/V copies per head.
-        qg = q.view(b, s, hkv, grp, d)
-        if s > 1:
-            qg = qg.permute(0, 2, 3, 1, 4)
-        qg = qg.reshape(b, hkv, grp * s, d)
         # Whole blocks are gathered (fewer, larger copies than per-slot); the mask hides the tail.
         # index_select is a plain copy like advanced indexing, and several times cheaper per call.
+        ctx, hkv, d = g.blocks.shape[0], self.n_kv, self.d
         ids = g.blocks.view(-1)
-        kg = k_cache.index_select(0, ids).view(b, -1, hkv, d).transpose(1, 2)  # [B, Hkv, L, D]
-        vg = v_cache.index_select(0, ids).view(b, -1, hkv, d).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask)  # [B, Hkv, G*S, D]
-        if s == 1:
-            return o.reshape(b, hkv * grp * d)
-        return o.view(b, hkv, grp, s, d).permute(0, 3, 1, 2, 4).reshape(b * s, hkv * grp * d)
+        kg = k_cache.index_select(0, ids).view(ctx, -1, hkv, d).transpose(1, 2)  # [B|1, Hkv, L, D]
+        vg = v_cache.index_select(0, ids).view(ctx, -1, hkv, d).transpose(1, 2)
+        return attend(q.view(q.shape[0], hkv, -1, d), kg, vg, g.batch, g.span, g.mask)

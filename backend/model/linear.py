@@ -1,45 +1,124 @@
 """Projections x @ w.T of the decoder, with each weight prepared once for its device.
 
-Invariant: a row's result never depends on its batch-mates: every row count (a single row is
-run as two) goes through one kernel whose per-row sums do not change with the row count. A CPU
-weight prepacked in oneDNN's layout is used only after a probe shows exactly that, and that it
-agrees with F.linear (bit-for-bit in bfloat16, where both run the same oneDNN kernel).
+Invariant: a row's result never depends on its batch-mates: rows are fed to the kernel only in
+calls whose row counts a probe of this host's kernel admitted (backend.model.row_plan), so a
+generated token gets the bits it gets alone and a prompt token the bits it gets in any prompt
+chunk. A CPU weight prepacked in oneDNN's layout is used only where it agrees with F.linear
+(bit-for-bit in bfloat16, where both run the same oneDNN kernel) and its plan is at least as good.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
+from backend.model.row_plan import (
+    GENERATED_MAX,
+    PROMPT_CANDIDATES,
+    Kernel,
+    RowPlan,
+    better,
+    calls,
+    probe,
+    run_padded,
+    sufficient,
+)
+
 # The row count the CPU weight layout is tuned for: decode batches are small.
 _PACK_ROWS = 2
-# Decode batches, odd sizes and prefill chunks: the packed kernel must give each row the same
-# bits at every one of these row counts.
-_PROBE_ROWS = (2, 3, 17, 64, 345)
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    packed: bool
+    plan: RowPlan
+
+
+class RowPlanner:
+    """Probes each (shape, dtype, device, thread count, prompt use) once and remembers the plan;
+    the thread count is the one in force when the weights are prepared (set it before loading)."""
+
+    def __init__(self) -> None:
+        self._choices: dict[tuple[object, ...], _Choice] = {}
+
+    def choose(self, weight: torch.Tensor, prompt: bool) -> tuple[torch.Tensor | None, RowPlan]:
+        """The weight prepacked (or None: F.linear) and its row plan."""
+        key = (tuple(weight.shape), weight.dtype, weight.device, torch.get_num_threads(), prompt)
+        known = self._choices.get(key)
+        if known is None:
+            known = self._choices[key] = _probe(weight, prompt)
+        return (_pack(weight) if known.packed else None), known.plan
+
+
+def _probe(weight: torch.Tensor, prompt: bool) -> _Choice:
+    packed = _pack(weight) if _packable(weight) else None
+    if packed is not None and not _agrees(weight, packed, _probe_rows(weight)):
+        packed = None
+    # The plan is probed on a weight of the same shape and rows that cancel against it: every
+    # output is a rounding residue, so another summation order shows in nearly every output.
+    w, x = _cancelling(weight)
+    choice = _Choice(False, RowPlan(0, ()))
+    if packed is not None and (packed_w := _pack(w)) is not None:
+        choice = _Choice(True, probe(_packed_kernel(packed_w), x, prompt))
+    if not sufficient(choice.plan, prompt):
+        plain = probe(_plain_kernel(w), x, prompt)
+        if better(plain, choice.plan):
+            choice = _Choice(False, plain)
+    return choice
 
 
 class Projection:
     """y = x @ weight.T for x: [M, K] in the weight's dtype -> [M, N]."""
 
-    __slots__ = ("_packed", "weight")
+    __slots__ = ("_kernel", "_packed", "plan", "weight")
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(
+        self, weight: torch.Tensor, planner: RowPlanner | None = None, prompt: bool = True
+    ) -> None:
+        """`prompt`: whether prompt rows are ever projected (the logits head sees only the rows
+        it samples, all run as generated rows)."""
         self.weight = weight  # [N, K]
-        self._packed = _pack(weight) if _packable(weight) else None
+        self._packed, self.plan = (planner or RowPlanner()).choose(weight, prompt)
+        packed = self._packed
+        self._kernel = _plain_kernel(weight) if packed is None else _packed_kernel(packed)
 
     @property
     def packed(self) -> bool:
         return self._packed is not None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1:
-            return self._apply(x.expand(2, -1))[:1]
-        return self._apply(x)
+    def __call__(self, x: torch.Tensor, generated: int) -> torch.Tensor:
+        """x's first `generated` rows are tokens the model generated, the rest prompt tokens."""
+        parts = calls(x.shape[0], generated, self.plan)
+        if len(parts) == 1:  # most steps: decodes alone, or one prompt chunk alone
+            return run_padded(self._kernel, x, parts[0][2])
+        out = x.new_empty(x.shape[0], self.weight.shape[0])
+        for start, end, size in parts:
+            out[start:end] = run_padded(self._kernel, x[start:end], size)
+        return out
 
-    def _apply(self, x: torch.Tensor) -> torch.Tensor:
-        if self._packed is None:
-            return F.linear(x, self.weight)
-        return _packed_linear(x, self._packed)
+
+def _probe_rows(weight: torch.Tensor) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(GENERATED_MAX, weight.shape[1], generator=gen)
+    return x.to(device=weight.device, dtype=weight.dtype)
+
+
+def _cancelling(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight like `weight` and probe rows whose products cancel exactly: column half + j of
+    the weight repeats column order[j], and the rows hold minus the same value there."""
+    gen = torch.Generator().manual_seed(0)
+    (n, k), half = weight.shape, weight.shape[1] // 2
+    rows = max(GENERATED_MAX, PROMPT_CANDIDATES[-1])
+    a = torch.randn(n, half, generator=gen).to(weight.dtype)
+    b = torch.randn(rows, half, generator=gen).to(weight.dtype)
+    order = torch.randperm(half, generator=gen)
+    w = torch.zeros(n, k, dtype=weight.dtype)
+    x = torch.zeros(rows, k, dtype=weight.dtype)
+    w[:, :half], w[:, half : 2 * half] = a, a[:, order]
+    x[:, :half], x[:, half : 2 * half] = b, -b[:, order]
+    return w.to(weight.device), x.to(weight.device)
 
 
 def _packable(weight: torch.Tensor) -> bool:
@@ -60,30 +139,32 @@ def _packable(weight: torch.Tensor) -> bool:
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor | None:
-    """The weight in oneDNN's blocked layout, or None when that would change a result."""
+    """The weight in oneDNN's blocked layout, or None where torch lacks the operator."""
     try:
         packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(
             weight.contiguous(), _PACK_ROWS
         )
     except (AttributeError, RuntimeError):  # a torch build without the operator
         return None
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(max(_PROBE_ROWS), weight.shape[1], generator=gen).to(weight.dtype)
-    first = _packed_linear(x[:2], packed)
-    for rows in _PROBE_ROWS:
-        y = _packed_linear(x[:rows], packed)
-        if not torch.equal(y[:2], first) or not _agrees(y, F.linear(x[:rows], weight)):
-            return None
     return packed
 
 
-def _agrees(y: torch.Tensor, reference: torch.Tensor) -> bool:
+def _agrees(weight: torch.Tensor, packed: torch.Tensor, x: torch.Tensor) -> bool:
+    y = _packed_kernel(packed)(x)
+    reference = F.linear(x, weight)
     if y.dtype == torch.bfloat16:
         return torch.equal(y, reference)
     # Another kernel sums in another order: float32 rounding apart, nothing more.
     return torch.allclose(y, reference, rtol=1e-4, atol=1e-4)
 
 
-def _packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    return out
+def _plain_kernel(weight: torch.Tensor) -> Kernel:
+    return lambda x: F.linear(x, weight)
+
+
+def _packed_kernel(packed: torch.Tensor) -> Kernel:
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+        return out
+
+    return run

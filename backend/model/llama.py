@@ -5,7 +5,8 @@ Invariant: Q/K weights here are in rotate-half layout (GGUF's interleaved layout
 the loader), and QKV and gate/up are fused along the output dimension. Matrices run in the model
 dtype; the residual stream, norms and embedding stay float32, and the top logits are exact
 float32 (a bfloat16 logit cannot separate candidates closer than 0.125; SmolLM2's reference
-answer is decided by 0.08).
+answer is decided by 0.08). Every other op works row by row, so a row's bits depend on its
+batch-mates only through the projections and the attention, which keep them apart.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from backend.model.activation import SwiGLU
 from backend.model.config import ModelConfig
-from backend.model.linear import Projection
+from backend.model.linear import Projection, RowPlanner
 
 REFINE_K = 16
 
@@ -69,16 +71,21 @@ class Llama:
         self.lm_head = embed if lm_head is None else lm_head  # [V, H] fp32
         self.device = embed.device
         self.dtype = layers[0].qkv.dtype
+        planner = RowPlanner()
         # A float32 [V, H] product is 4x slower than bfloat16 at batch 8 on the CPU: project in
         # the model dtype, then recompute the few top candidates exactly.
-        self._head = Projection(self.lm_head.to(self.dtype))
+        self._head = Projection(self.lm_head.to(self.dtype), planner, prompt=False)
         self._refine = self.dtype != torch.float32
         self._proj = [
             _LayerProjections(
-                Projection(w.qkv), Projection(w.o), Projection(w.gate_up), Projection(w.down)
+                Projection(w.qkv, planner),
+                Projection(w.o, planner),
+                Projection(w.gate_up, planner),
+                Projection(w.down, planner),
             )
             for w in layers
         ]
+        self._swiglu = SwiGLU(config.ffn, self.dtype, self.device)
         self._cos, self._sin = _rope_tables(config, self.device)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,14 +95,23 @@ class Llama:
         sin = self._sin.index_select(0, positions).to(self.dtype).unsqueeze(1)
         return cos, sin
 
+    def row_plans(self) -> str:
+        """How the projections feed their kernels on this host (for the start-up log)."""
+        p = self._proj[0]
+        names = {"qkv": p.qkv, "o": p.o, "gate_up": p.gate_up, "down": p.down, "head": self._head}
+        plans = [f"{name}: {proj.plan.describe()}" for name, proj in names.items()]
+        return "; ".join([*plans, self._swiglu.describe()])
+
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         attention: Attention,
         logits_index: torch.Tensor | None = None,
+        generated: int = 0,
     ) -> torch.Tensor:
-        """input_ids, positions: [T]; logits_index: [N] rows to project -> logits [N, V] (fp32).
+        """input_ids, positions: [T]; logits_index: [N] rows to project -> logits [N, V] (fp32);
+        the first `generated` rows are tokens the model generated, the rest prompt tokens.
 
         Without logits_index every row is projected ([T, V])."""
         cfg = self.config
@@ -107,26 +123,27 @@ class Llama:
         half = cfg.head_dim // 2
         for i, (w, p) in enumerate(zip(self.layers, self._proj, strict=True)):
             h = F.rms_norm(x, (cfg.hidden,), w.attn_norm, cfg.rms_eps).to(dt)
-            qkv = p.qkv(h)  # [T, q_size + 2 kv_size]
+            qkv = p.qkv(h, generated)  # [T, q_size + 2 kv_size]
             qk = qkv[:, : cfg.q_size + cfg.kv_size].view(t, n_qk, cfg.head_dim)
             qk = qk * cos + qk.roll(half, -1) * sin  # [T, Hq + Hkv, D], rotate-half
             q = qk[:, : cfg.n_heads]
             k = qk[:, cfg.n_heads :]
             v = qkv[:, cfg.q_size + cfg.kv_size :].view(t, cfg.n_kv_heads, cfg.head_dim)
-            x = x + p.o(attention(i, q, k, v))
+            x = x + p.o(attention(i, q, k, v), generated)
             h = F.rms_norm(x, (cfg.hidden,), w.ffn_norm, cfg.rms_eps).to(dt)
-            gate, up = p.gate_up(h).chunk(2, dim=-1)
-            x = x + p.down(F.silu(gate) * up)
+            x = x + p.down(self._swiglu(p.gate_up(h, generated)), generated)
         if logits_index is not None:
             x = x[logits_index]
         x = F.rms_norm(x, (cfg.hidden,), self.norm, cfg.rms_eps)
         return self.logits(x)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [N, H] fp32 final hidden states -> [N, V] fp32; the top REFINE_K are exact."""
+        """x: [N, H] fp32 final hidden states -> [N, V] fp32; the top REFINE_K are exact.
+        Every row is run as a generated row: a row's logits are the same wherever it came from."""
+        rows = x.shape[0]
         if not self._refine:
-            return self._head(x)
-        approx = self._head(x.to(self.dtype)).float()
+            return self._head(x, rows)
+        approx = self._head(x.to(self.dtype), rows).float()
         top = approx.topk(min(REFINE_K, approx.shape[-1]), dim=-1).indices  # [N, K]
         exact = (self.lm_head[top] * x.unsqueeze(1)).sum(dim=-1)  # [N, K], per-row sums
         return approx.scatter_(1, top, exact)

@@ -1,7 +1,11 @@
 """Packs one step plan into the index tensors the forward pass needs, built once per step.
 
-Invariant: decode chunks (one new token) come first and form one batched attention group;
-every longer chunk is its own group; sampled rows follow the order of `sampled`.
+Invariant: rows of tokens the model generated come first (`generated` of them), prompt tokens
+after, so the projections run each kind apart whatever shares the step; a chunk that holds both
+(a preempted sequence computed again) is cut in two at its prompt's end. Single generated tokens
+(decodes) form one batched attention group (one per span under `own_spans`); every other piece
+attends in query tiles of the plan's size, its own group (one per block under `own_spans`);
+sampled rows follow the order of `sampled`.
 """
 
 from __future__ import annotations
@@ -12,7 +16,12 @@ from dataclasses import dataclass
 import torch
 
 from backend.engine.plan import Chunk
+from backend.model.attend import block_pieces, decode_mask, tile_mask
+from backend.model.attention_plan import AttentionPlan
 from backend.model.kv_pool import AttnGroup
+
+# Prompt queries attended in one call (whole tiles): fewer keys read than one call per chunk.
+_CALL_TOKENS = 96
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +32,16 @@ class StepInputs:
     groups: list[AttnGroup]
     logits_index: torch.Tensor  # [N] packed rows whose next token is sampled
     sampled: list[Chunk]  # N chunks, in logits row order
+    generated: int  # the first rows are tokens the model generated, the rest prompt tokens
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """Positions [start, end) of one chunk, all of one kind."""
+
+    chunk: Chunk
+    start: int
+    end: int
 
 
 def validate_chunk(chunk: Chunk, block_size: int, num_blocks: int, max_positions: int) -> None:
@@ -36,77 +55,106 @@ def validate_chunk(chunk: Chunk, block_size: int, num_blocks: int, max_positions
         raise ValueError(f"sequence {chunk.seq_id}: block table does not cover position {end}")
     if min(chunk.block_table) < 0 or max(chunk.block_table) >= num_blocks:
         raise ValueError(f"sequence {chunk.seq_id}: block id outside the pool")
+    if chunk.prompt_len < 1:
+        raise ValueError(f"sequence {chunk.seq_id}: a prompt has at least one token")
 
 
 def build_step_inputs(
-    chunks: Sequence[Chunk], block_size: int, group: int, device: torch.device
+    chunks: Sequence[Chunk],
+    block_size: int,
+    group: int,
+    plan: AttentionPlan,
+    device: torch.device,
 ) -> StepInputs:
-    decodes = [c for c in chunks if len(c.token_ids) == 1]
-    prefills = [c for c in chunks if len(c.token_ids) > 1]
-    ids: list[int] = [c.token_ids[0] for c in decodes]
-    positions: list[int] = [c.start for c in decodes]
-    groups: list[AttnGroup] = []
-    slot_parts: list[torch.Tensor] = []
-    if decodes:
-        blocks, mask = _decode_context(decodes, block_size, device)
-        groups.append(AttnGroup(slice(0, len(decodes)), len(decodes), 1, blocks, mask))
-        rows_t = torch.arange(len(decodes), device=device)
-        pos_t = torch.tensor(positions, device=device)
-        slot_parts.append(blocks[rows_t, pos_t // block_size] * block_size + pos_t % block_size)
-    sampled = [c for c in decodes if c.sample]
-    rows = [i for i, c in enumerate(decodes) if c.sample]
-    offset = len(decodes)
-    for c in prefills:
-        n = len(c.token_ids)
-        end = c.start + n
-        table = c.block_table[: -(-end // block_size)]
-        span = len(table) * block_size
-        q_pos = torch.arange(c.start, end, device=device)
-        # Causal: query at position p sees keys 0..p, which also hides the last block's tail.
-        mask = torch.arange(span, device=device).unsqueeze(0) <= q_pos.unsqueeze(1)  # [n, L]
-        mask = mask.repeat(group, 1).view(1, 1, group * n, span)
-        blocks = torch.tensor(table, device=device).unsqueeze(0)  # [1, nb]
-        groups.append(AttnGroup(slice(offset, offset + n), 1, n, blocks, mask))
-        slot_parts.append(_table_slots(table, block_size, device)[c.start : end])
-        ids.extend(c.token_ids)
-        positions.extend(range(c.start, end))
-        if c.sample:
-            sampled.append(c)
-            rows.append(offset + n - 1)
-        offset += n
+    generated, prompt = _pieces(chunks)
+    batches, longer = _arrange(generated, prompt, block_size, plan)
+    built: list[tuple[AttnGroup, torch.Tensor]] = []
+    offset = 0
+    for batch in batches:
+        built.append(_decode_group(batch, offset, block_size, device))
+        offset += len(batch)
+    for p in longer:
+        built.append(_tile_group(p, offset, block_size, group, plan.tile_tokens, device))
+        offset += p.end - p.start
+    order = [p for batch in batches for p in batch] + longer
+    ids: list[int] = []
+    rows: list[tuple[int, Chunk]] = []
+    for p in order:
+        c = p.chunk
+        ids.extend(c.token_ids[p.start - c.start : p.end - c.start])
+        if c.sample and p.end == c.start + len(c.token_ids):
+            rows.append((len(ids) - 1, c))
     return StepInputs(
         input_ids=torch.tensor(ids, device=device),
-        positions=torch.tensor(positions, device=device),
-        slots=torch.cat(slot_parts),
-        groups=groups,
-        logits_index=torch.tensor(rows, device=device, dtype=torch.long),
-        sampled=sampled,
+        positions=torch.tensor([q for p in order for q in range(p.start, p.end)], device=device),
+        slots=torch.cat([slots for _, slots in built]),
+        groups=[g for g, _ in built],
+        logits_index=torch.tensor([r for r, _ in rows], device=device, dtype=torch.long),
+        sampled=[c for _, c in rows],
+        generated=sum(p.end - p.start for p in generated),
     )
 
 
-def _table_slots(table: Sequence[int], block_size: int, device: torch.device) -> torch.Tensor:
-    """[len(table) * block_size] flat slots of positions 0.. in table order."""
-    blocks = torch.tensor(table, device=device).unsqueeze(1) * block_size
-    return (blocks + torch.arange(block_size, device=device)).view(-1)
+def _pieces(chunks: Sequence[Chunk]) -> tuple[list[_Piece], list[_Piece]]:
+    """Each chunk's generated and prompt positions, as (generated pieces, prompt pieces)."""
+    generated: list[_Piece] = []
+    prompt: list[_Piece] = []
+    for c in chunks:
+        end = c.start + len(c.token_ids)
+        cut = min(max(c.prompt_len, c.start), end)
+        if cut > c.start:
+            prompt.append(_Piece(c, c.start, cut))
+        if end > cut:
+            generated.append(_Piece(c, cut, end))
+    return generated, prompt
 
 
-def _decode_context(
-    decodes: Sequence[Chunk], block_size: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """blocks: [B, nb] each sequence's context blocks (padded), mask: [B, 1, 1, L] or None."""
-    lengths = [c.start + 1 for c in decodes]
-    n_blocks = -(-max(lengths) // block_size)
+def _arrange(
+    generated: list[_Piece], prompt: list[_Piece], block_size: int, plan: AttentionPlan
+) -> tuple[list[list[_Piece]], list[_Piece]]:
+    """(batches of decodes, pieces attended in tiles), generated pieces ahead of prompt ones."""
+    decodes = [p for p in generated if p.end - p.start == 1]
+    longer = [p for p in generated if p.end - p.start > 1] + prompt
+    if not plan.own_spans:
+        # A call reads the keys its last query sees: a long piece in several calls reads less.
+        per = plan.tile_tokens * max(1, _CALL_TOKENS // plan.tile_tokens)
+        bounds = [(p, range(p.start, p.end, per)) for p in longer]
+        calls = [_Piece(p.chunk, a, min(a + per, p.end)) for p, starts in bounds for a in starts]
+        return ([decodes] if decodes else []), calls
+    # No query may attend over a span longer than its own: decodes by span, pieces by block.
+    spans: dict[int, list[_Piece]] = {}
+    for p in decodes:
+        spans.setdefault(-(-p.end // block_size), []).append(p)
+    cut = [(p, block_pieces(p.start, p.end, block_size)) for p in longer]
+    return [spans[n] for n in sorted(spans)], [_Piece(p.chunk, a, b) for p, c in cut for a, b in c]
+
+
+def _decode_group(
+    batch: list[_Piece], offset: int, block_size: int, device: torch.device
+) -> tuple[AttnGroup, torch.Tensor]:
+    """One query token per element, each over its own table (padded); and the slots written."""
+    ends = [p.end for p in batch]
+    n_blocks = -(-max(ends) // block_size)
     span = n_blocks * block_size
     # Short tables are padded with block 0: those positions are masked out.
-    blocks = torch.tensor(
-        [_padded(c.block_table[:n_blocks], n_blocks) for c in decodes], device=device
-    )
-    if min(lengths) == span:
-        return blocks, None
-    lens = torch.tensor(lengths, device=device).unsqueeze(1)
-    mask = torch.arange(span, device=device).unsqueeze(0) < lens  # [B, L]
-    return blocks, mask.view(len(decodes), 1, 1, span)
+    tables = [p.chunk.block_table[:n_blocks] for p in batch]
+    blocks = torch.tensor([[*t, *([0] * (n_blocks - len(t)))] for t in tables], device=device)
+    mask = None if min(ends) == span else decode_mask(torch.tensor(ends, device=device), span)
+    pos = torch.tensor([p.start for p in batch], device=device)
+    slots = blocks[torch.arange(len(batch), device=device), pos // block_size] * block_size
+    g = AttnGroup(slice(offset, offset + len(batch)), len(batch), 1, blocks, mask)
+    return g, slots + pos % block_size
 
 
-def _padded(table: Sequence[int], n: int) -> list[int]:
-    return [*table, *([0] * (n - len(table)))]
+def _tile_group(
+    p: _Piece, offset: int, block_size: int, group: int, tile_tokens: int, device: torch.device
+) -> tuple[AttnGroup, torch.Tensor]:
+    """The piece's queries in tiles of `tile_tokens`, all reading the piece's context; and the
+    slots written."""
+    table = p.chunk.block_table[: -(-p.end // block_size)]
+    mask = tile_mask(p.start, p.end, len(table) * block_size, group, tile_tokens, device)
+    blocks = torch.tensor(table, device=device)
+    rows = slice(offset, offset + p.end - p.start)
+    g = AttnGroup(rows, mask.shape[0], tile_tokens, blocks.unsqueeze(0), mask)  # one shared context
+    slots = blocks.unsqueeze(1) * block_size + torch.arange(block_size, device=device)
+    return g, slots.view(-1)[p.start : p.end]

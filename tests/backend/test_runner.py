@@ -19,7 +19,7 @@ BS = 4  # small blocks so short prompts span several
 
 
 def prefill(seq: int, ids: Sequence[int], table: Sequence[int], start: int = 0) -> Chunk:
-    return Chunk(seq, tuple(ids[start:]), start, tuple(table), True, GREEDY, 0)
+    return Chunk(seq, tuple(ids[start:]), start, tuple(table), True, GREEDY, 0, len(ids))
 
 
 def generate(
@@ -36,7 +36,7 @@ def generate(
     out = [[first[i]] for i in range(len(prompts))]
     for step in range(1, n_new):
         chunks = tuple(
-            Chunk(i, (out[i][-1],), len(p) + step - 1, tuple(tables[i]), True, GREEDY, step)
+            Chunk(i, (out[i][-1],), len(p) + step - 1, tuple(tables[i]), True, GREEDY, step, len(p))
             for i, p in enumerate(prompts)
         )
         tokens = runner.execute(StepPlan(chunks)).tokens
@@ -63,7 +63,9 @@ def generate_staggered(
                 chunks.append(prefill(i, p, tables[i]))
             elif len(done) < n_new:
                 pos = len(p) + len(done) - 1
-                chunks.append(Chunk(i, (done[-1],), pos, tuple(tables[i]), True, GREEDY, len(done)))
+                chunks.append(
+                    Chunk(i, (done[-1],), pos, tuple(tables[i]), True, GREEDY, len(done), len(p))
+                )
         for seq, token in runner.execute(StepPlan(tuple(chunks))).tokens.items():
             out[seq].append(token)
         step += 1
@@ -99,16 +101,16 @@ def test_chunked_prefill_and_mixed_steps(tiny_model: LoadedModel) -> None:
     runner = ModelRunner(tiny_model, num_blocks=32, block_size=BS)
     p0, p1 = PROMPTS[0], PROMPTS[1]
     first = runner.execute(StepPlan((prefill(1, p1, TABLES[1]),))).tokens
-    head = Chunk(0, tuple(p0[:6]), 0, tuple(TABLES[0]), False, GREEDY, 0)
+    head = Chunk(0, tuple(p0[:6]), 0, tuple(TABLES[0]), False, GREEDY, 0, len(p0))
     assert runner.execute(StepPlan((head,))).tokens == {}  # nothing to sample: nothing returned
     step1 = runner.execute(
-        StepPlan((head, Chunk(1, (first[1],), len(p1), tuple(TABLES[1]), True, GREEDY, 1)))
+        StepPlan((head, Chunk(1, (first[1],), len(p1), tuple(TABLES[1]), True, GREEDY, 1, len(p1))))
     ).tokens
     assert 0 not in step1
     step2 = runner.execute(
         StepPlan(
             (
-                Chunk(1, (step1[1],), len(p1) + 1, tuple(TABLES[1]), True, GREEDY, 2),
+                Chunk(1, (step1[1],), len(p1) + 1, tuple(TABLES[1]), True, GREEDY, 2, len(p1)),
                 prefill(0, p0, TABLES[0], start=6),
             )
         )
@@ -158,7 +160,7 @@ def test_bad_block_tables_are_refused(tiny_model: LoadedModel) -> None:
         runner.execute(StepPlan((), zero_blocks=(9,)))
     beyond = tiny_model.config.max_positions
     with pytest.raises(ValueError, match="beyond the model's context"):
-        runner.execute(StepPlan((Chunk(0, (1,), beyond, (0, 1, 2), True, GREEDY, 0),)))
+        runner.execute(StepPlan((Chunk(0, (1,), beyond, (0, 1, 2), True, GREEDY, 0, 1),)))
     assert not any(k.any() for k in runner.k_cache)
 
 
@@ -174,8 +176,8 @@ def test_kv_cache_tensors_and_bytes(tiny_model: LoadedModel) -> None:
 
 def sampled_token(runner: ModelRunner, sampling: SamplingParams, n: int, others: int) -> int:
     """Sequence 0's sample at num_generated n, decoded beside `others` other sequences."""
-    chunks = [Chunk(0, (5,), 3, (0,), True, sampling, n)]
-    chunks += [Chunk(i, (i,), 2, (i,), True, sampling, i) for i in range(1, others + 1)]
+    chunks = [Chunk(0, (5,), 3, (0,), True, sampling, n, 3)]
+    chunks += [Chunk(i, (i,), 2, (i,), True, sampling, i, 2) for i in range(1, others + 1)]
     return runner.execute(StepPlan(tuple(chunks))).tokens[0]
 
 
@@ -207,9 +209,9 @@ def test_logprobs_are_the_log_softmax_of_the_unmodified_logits(tiny_model: Loade
     hot = SamplingParams(temperature=1.7, top_p=0.9, seed=3, logprobs=3)
     plan = StepPlan(
         (
-            Chunk(0, tuple(prompt), 0, (0, 1), True, greedy, 0),
-            Chunk(1, tuple(prompt), 0, (2, 3), True, hot, 0),
-            Chunk(2, tuple(prompt), 0, (4, 5), True, GREEDY, 0),
+            Chunk(0, tuple(prompt), 0, (0, 1), True, greedy, 0, len(prompt)),
+            Chunk(1, tuple(prompt), 0, (2, 3), True, hot, 0, len(prompt)),
+            Chunk(2, tuple(prompt), 0, (4, 5), True, GREEDY, 0, len(prompt)),
         )
     )
     result = runner.execute(plan)
@@ -226,7 +228,9 @@ def test_logprobs_are_the_log_softmax_of_the_unmodified_logits(tiny_model: Loade
     assert result.tokens[0] == result.logprobs[0].top[0][0]  # greedy takes the top entry
     assert result.logprobs[0].logprob == result.logprobs[0].top[0][1]
     no_top = runner.execute(
-        StepPlan((Chunk(0, tuple(prompt), 0, (0, 1), True, replace(GREEDY, logprobs=0), 0),))
+        StepPlan(
+            (Chunk(0, tuple(prompt), 0, (0, 1), True, replace(GREEDY, logprobs=0), 0, len(prompt)),)
+        )
     )
     assert no_top.logprobs[0].top == () and no_top.logprobs[0].logprob <= 0
 

@@ -7,8 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from backend.model import LoadedModel
+from backend.model.activation import SwiGLU
 from backend.model.linear import Projection
 from backend.model.llama import DenseCausalAttention
+from tests.conftest import TEST_DEVICE
 
 
 def test_earlier_logits_ignore_later_tokens(tiny_model: LoadedModel) -> None:
@@ -62,19 +64,35 @@ def test_dense_forward_gives_the_reference_answer(smollm2: LoadedModel) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_projection_rows_do_not_depend_on_batch_mates(dtype: torch.dtype) -> None:
-    """Whatever layout a weight is kept in, a row's product is the same alone, in a decode
-    batch or in a prefill chunk, and it is F.linear's (the batched == one-at-a-time guarantee
-    rests on this)."""
+def test_swiglu_rows_do_not_depend_on_how_many_share_the_call(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(2)
+    swiglu = SwiGLU(1536, dtype, TEST_DEVICE)
+    x = torch.randn(300, 2 * 1536, generator=gen).to(device=TEST_DEVICE, dtype=dtype)
+    alone = torch.cat([swiglu(x[i : i + 1]) for i in range(300)])
+    gate, up = x.chunk(2, dim=-1)
+    torch.testing.assert_close(alone, F.silu(gate) * up)
+    for rows in (2, 21, 22, 64, 65, 150, 300):
+        assert torch.equal(swiglu(x[:rows]), alone[:rows]), rows
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(96, 160), (576, 1536)])
+def test_projection_rows_do_not_depend_on_batch_mates(
+    dtype: torch.dtype, shape: tuple[int, int]
+) -> None:
+    """Whatever layout a weight is kept in and however this host's kernel blocks its rows, a
+    generated row gets the bits it gets alone in a decode batch of any size, and a prompt row
+    the same bits in a prompt chunk of any size (batched == one at a time rests on this)."""
     gen = torch.Generator().manual_seed(1)
-    weight = torch.randn(96, 160, generator=gen).to(dtype)
-    x = torch.randn(300, 160, generator=gen).to(dtype)
+    weight = torch.randn(*shape, generator=gen).to(dtype)
+    x = torch.randn(300, shape[1], generator=gen).to(dtype)
     proj = Projection(weight)
-    batched = proj(x)
-    torch.testing.assert_close(batched, F.linear(x, weight), rtol=1e-4, atol=1e-4)
-    if dtype == torch.bfloat16:
-        assert torch.equal(batched, F.linear(x, weight))
-    for rows in (1, 2, 9, 64):
-        assert torch.equal(proj(x[:rows]), batched[:rows])
-    for i in range(9):
-        assert torch.equal(proj(x[i : i + 1]), batched[i : i + 1])
+    alone = torch.cat([proj(x[i : i + 1], 1) for i in range(70)])
+    for rows in range(2, 71):
+        assert torch.equal(proj(x[:rows], rows), alone[:rows]), rows
+    prompt = proj(x, 0)
+    torch.testing.assert_close(prompt, F.linear(x, weight), rtol=1e-2, atol=1e-2)
+    for start, rows in ((0, 1), (3, 5), (0, 47), (10, 48), (7, 100), (40, 260)):
+        assert torch.equal(proj(x[start : start + rows], 0), prompt[start : start + rows])
+    mixed = proj(torch.cat((x[:40], x[100:140])), 40)
+    assert torch.equal(mixed, torch.cat((alone[:40], prompt[100:140])))

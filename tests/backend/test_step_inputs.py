@@ -1,0 +1,74 @@
+"""How a step's chunks are packed: generated tokens ahead of prompt tokens, a chunk cut at its
+prompt's end, decodes batched (by span where the plan asks), other pieces in query tiles."""
+
+from __future__ import annotations
+
+import torch
+
+from backend.engine.plan import Chunk, SamplingParams
+from backend.model.attention_plan import AttentionPlan
+from backend.model.step_inputs import build_step_inputs
+
+BS = 4
+CPU = torch.device("cpu")
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def chunk(seq: int, start: int, n: int, prompt_len: int, sample: bool = True) -> Chunk:
+    table = tuple(range(seq * 10, seq * 10 + 10))
+    return Chunk(seq, tuple(range(100 * seq + start, 100 * seq + start + n)), start, table,
+                 sample, GREEDY, 0, prompt_len)  # fmt: skip
+
+
+def test_generated_tokens_come_first_and_a_recomputed_chunk_is_cut_at_its_prompt() -> None:
+    chunks = [
+        chunk(1, 0, 6, prompt_len=6),  # a prompt
+        chunk(2, 9, 1, prompt_len=5),  # a decode
+        chunk(3, 0, 9, prompt_len=6),  # computed again: 6 prompt tokens, 3 generated ones
+        chunk(4, 7, 1, prompt_len=8, sample=False),  # the prompt's last token, alone
+    ]
+    plan = AttentionPlan(tile_tokens=2, own_spans=False, invariant=True)
+    inputs = build_step_inputs(chunks, BS, 2, plan, CPU)
+    assert inputs.generated == 1 + 3
+    prompts = [*range(100, 106), *range(300, 306), 407]
+    assert inputs.input_ids.tolist() == [209, 306, 307, 308, *prompts]
+    assert inputs.positions.tolist() == [9, 6, 7, 8, *range(6), *range(6), 7]
+    assert [(g.rows.start, g.rows.stop, g.batch, g.span) for g in inputs.groups] == [
+        (0, 1, 1, 1),  # the decode
+        (1, 4, 2, 2),  # the generated tail: two tiles of two tokens
+        (4, 10, 3, 2),
+        (10, 16, 3, 2),
+        (16, 17, 1, 2),
+    ]
+    # Sampled rows: each chunk's last token, in row order.
+    assert inputs.logits_index.tolist() == [0, 3, 9]
+    assert [c.seq_id for c in inputs.sampled] == [2, 3, 1]
+
+
+def test_tiles_are_causal_and_padded_with_their_last_query() -> None:
+    plan = AttentionPlan(tile_tokens=2, own_spans=False, invariant=True)
+    inputs = build_step_inputs([chunk(1, 2, 3, prompt_len=5)], BS, 2, plan, CPU)
+    [g] = inputs.groups
+    assert g.mask is not None and g.mask.shape == (2, 1, 4, 8)  # 2 tiles, 2 heads x 2 tokens
+    seen = g.mask[:, 0].sum(-1).tolist()  # keys each query row sees, rows (head, token)
+    assert seen == [[3, 4, 3, 4], [5, 5, 5, 5]]
+
+
+def test_own_spans_keep_every_query_within_its_block() -> None:
+    chunks = [chunk(1, 3, 1, 3), chunk(2, 9, 1, 5), chunk(3, 10, 1, 5), chunk(4, 2, 7, 9)]
+    plan = AttentionPlan(tile_tokens=2, own_spans=True, invariant=True)
+    inputs = build_step_inputs(chunks, BS, 2, plan, CPU)
+    spans = [(g.rows.stop - g.rows.start, g.mask.shape[-1] if g.mask is not None else None)
+             for g in inputs.groups]  # fmt: skip
+    # Decodes by span (4: seq 1; 12: seqs 2 and 3), then the prompt cut at 4 and 8.
+    assert spans == [(1, None), (2, 12), (2, 4), (4, 8), (1, 12)]
+    assert inputs.positions.tolist() == [3, 9, 10, *range(2, 9)]
+
+
+def test_a_long_prompt_attends_in_calls_that_read_only_the_keys_they_see() -> None:
+    plan = AttentionPlan(tile_tokens=10, own_spans=False, invariant=True)
+    long = Chunk(1, tuple(range(200)), 0, tuple(range(50)), True, GREEDY, 0, 200)
+    inputs = build_step_inputs([long], BS, 2, plan, CPU)
+    calls = [(g.rows.start, g.rows.stop, g.mask.shape[-1] if g.mask is not None else 0)
+             for g in inputs.groups]  # fmt: skip
+    assert calls == [(0, 90, 92), (90, 180, 180), (180, 200, 200)]
