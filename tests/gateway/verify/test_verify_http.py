@@ -100,7 +100,7 @@ async def gateway(text: str, state_dir: Path | None = None) -> AsyncIterator[Gw]
 
 
 @asynccontextmanager
-async def servers(*kinds: dict[str, bool]) -> AsyncIterator[list[CacheServer]]:
+async def servers(*kinds: dict[str, Any]) -> AsyncIterator[list[CacheServer]]:
     started = [CacheServer(**kind) for kind in kinds]
     for server in started:
         await server.start()
@@ -143,7 +143,7 @@ async def test_a_leaked_marker_is_caught_in_a_plain_and_a_streamed_answer(tmp_pa
 
 async def test_a_sharing_backend_is_quarantined_and_its_model_fails_over(tmp_path: Path) -> None:
     async with (
-        servers({"shared": True}, {}) as [sharing, honest],
+        servers({"honours_salt": False}, {}) as [sharing, honest],
         gateway(policy([sharing.url, honest.url], tmp_path)) as gw,
     ):
         await rounds_done(gw, "b0", "b1")
@@ -192,7 +192,10 @@ async def test_the_admin_listener_needs_its_token_not_a_tenant_key(tmp_path: Pat
 async def test_the_admin_cli_releases_a_quarantine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async with servers({"shared": True}) as [fake], gateway(policy([fake.url], tmp_path)) as gw:
+    async with (
+        servers({"honours_salt": False}) as [fake],
+        gateway(policy([fake.url], tmp_path)) as gw,
+    ):
         await rounds_done(gw, "b0")
         assert gw.health().quarantined
         base = ["admin", "--url", gw.admin_url, "--token-env", "GW_ADMIN"]
@@ -208,7 +211,7 @@ async def test_the_admin_cli_releases_a_quarantine(
 
 async def test_transitions_are_audit_logged_and_shown_in_metrics(tmp_path: Path) -> None:
     async with (
-        servers({"shared": True}) as [fake],
+        servers({"honours_salt": False}) as [fake],
         gateway(policy([fake.url], tmp_path, audit=True)) as gw,
     ):
         await rounds_done(gw, "b0")

@@ -1,0 +1,117 @@
+"""Leaky layers the tests never saw before this suite: each class of partial scope failure
+(by body size, path, streaming, message count, a sampling field; one that starts after the
+last round; an offload tier; a count that lies; a server that ignores the salt) ends
+quarantined under `enforce`, and B is never served a hit on A's document."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.policy.backend_model import CanarySettings
+from gateway.verify.timing import most_requests
+from tests.fakes import leaky_layers as layers
+from tests.fakes.cache_server import CacheServer
+from tests.fakes.salt_dropping_proxy import RewritingProxy, When
+from tests.kit.leak_scenarios import Make, chat, completions, until_quarantined
+from tests.kit.polling import until
+from tests.kit.verified_gateway import Verified, policy_text, verified_gateway
+
+CANARY = "{interval_s: 3600, prompt_tokens: 64}"
+BOUND = "{block_size: 16}"
+LYING = 3 * (3 + most_requests(CanarySettings()))  # a timing round and those confirming it
+
+
+@asynccontextmanager
+async def leaky(
+    tmp: Path,
+    when: When | None,
+    server: dict[str, Any] | None = None,
+    *,
+    zero: bool = False,
+    kind: str = "vllm",
+) -> AsyncIterator[Verified]:
+    fake = CacheServer(**(server or {}))
+    await fake.start()
+    try:
+        async with RewritingProxy(fake.url, when=when, zero_cached=zero) as proxy:
+            text = policy_text(proxy.url, tmp, canary=CANARY, detective=BOUND, kind=kind)
+            async with verified_gateway(text) as gw:
+                await until(lambda: gw.health().rounds >= 1, what="the first canary round")
+                yield gw
+    finally:
+        await fake.close()
+
+
+NEVER = lambda path, body: False  # noqa: E731 (a layer that keeps the scope)
+CLASSES: dict[str, tuple[When, Make, int]] = {  # layer, the traffic it leaks on, most requests
+    "by body size": (layers.by_size(2500), chat(), 8),
+    "by path": (layers.by_path("/v1/completions"), completions(), 8),
+    "by streaming": (layers.by_stream, chat(stream=True), 8),
+    "by message count": (layers.by_messages(3), chat(messages=4), 8),
+    "by a sampling field": (layers.by_field("seed"), chat(seed=7), 8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+async def test_a_partial_layer_is_quarantined_and_serves_no_cross_hit(
+    tmp_path: Path, name: str
+) -> None:
+    when, make, most = CLASSES[name]
+    async with leaky(tmp_path, when) as gw:
+        tally = await until_quarantined(gw, make, pairs=6, rng=random.Random(1), words=600)
+    assert tally.quarantined, tally
+    assert tally.served_hits == 0 and tally.requests <= most, tally
+
+
+async def test_a_layer_that_starts_leaking_after_the_last_round_is_caught_at_once(
+    tmp_path: Path,
+) -> None:
+    switch = layers.Switch()
+    async with leaky(tmp_path, switch) as gw:
+        assert gw.health().canary == "isolated"
+        switch.on = True  # the next scheduled round is an hour away
+        tally = await until_quarantined(gw, chat(), pairs=6, rng=random.Random(2))
+    assert tally.quarantined and tally.served_hits == 0, tally
+    assert tally.tenant_requests == 2 and "violation" in tally.verdicts, tally
+
+
+@pytest.mark.parametrize(
+    ("layer", "server", "kind"),
+    [
+        (None, {"host": "unsalted"}, "sglang"),  # an offload tier keyed without the salt
+        (NEVER, {"honours_salt": False}, "max"),  # MAX Serve started without its salt flag
+    ],
+    ids=["offload tier", "max without its salt flag"],
+)
+async def test_a_server_that_shares_is_quarantined_by_the_first_round(
+    tmp_path: Path, layer: When | None, server: dict[str, Any], kind: str
+) -> None:
+    async with leaky(tmp_path, layer or NEVER, server, kind=kind) as gw:
+        health = gw.health()
+        assert (health.canary, health.quarantined, health.rounds) == ("shared", True, 1)
+        if "host" in server:
+            assert "host" in health.canary_reason  # the tier that shared is named
+
+
+async def test_a_count_that_lies_is_decided_by_timing(tmp_path: Path) -> None:
+    async with leaky(tmp_path, None, zero=True) as gw:  # drops the scope, reports 0 cached
+        health = gw.health()
+        assert (health.canary, health.canary_by, health.quarantined) == ("shared", "timing", True)
+        assert "confirmed" in health.canary_reason and health.counter == "silent"
+        tally = await until_quarantined(gw, chat(), pairs=1, rng=random.Random(3))
+    assert tally.tenant_requests == 0 and tally.canary_requests <= LYING, tally
+
+
+async def test_a_partial_layer_whose_count_lies_is_found_by_varied_rounds(tmp_path: Path) -> None:
+    async with leaky(tmp_path, layers.by_size(1200), zero=True) as gw:  # long prompts only
+        assert gw.health().canary == "isolated" and not gw.health().quarantined
+        for _ in range(9):  # every length comes within 5 scheduled rounds of the sweep
+            if (await gw.round()).quarantined:
+                break
+        assert gw.health().quarantined and gw.health().canary_by == "timing"
