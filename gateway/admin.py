@@ -57,6 +57,7 @@ async def status(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     policy = gateway[HOLDER].runtime.policy
     board, liveness, watch = gateway[VERIFY].health, gateway[LIVENESS], gateway[WATCH]
+    await watch.reach.read(policy)
     now, mono = time.time(), time.monotonic()
     reasons: dict[str, dict[str, int]] = {}
     for labels, value in gateway[METRICS].totals("kvfence_gateway_verdict_reasons"):

@@ -50,9 +50,8 @@ from gateway.state import (
     TIMING,
     UPSTREAM_HEADERS,
 )
-from gateway.verify.canary import COLD_HITS
 from gateway.verify.detective import Observation
-from gateway.verify.evidence import evidence
+from gateway.verify.evidence import counter_trusted, evidence
 from gateway.verify.scan import AnswerScan
 from gateway.verify.service import VERIFY, Verification
 from gateway.verify.shapes import of_request
@@ -305,7 +304,7 @@ class Exchange:
         answer.markers = self._scan.markers
         if obs is None or answer.status != 200:
             return
-        trusted = self.ctx.health is None or self.ctx.health.counter != COLD_HITS
+        trusted = counter_trusted(self.ctx.backend, self.ctx.health)
         answer.finding = await self._detective.judge(
             obs, answer.prompt_tokens, answer.cached_tokens, trusted
         )

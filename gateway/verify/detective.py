@@ -11,12 +11,14 @@ round shaped like the request decides that).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from gateway.fleet.unavailable import SharedUnavailable
 from gateway.policy.backend_model import DetectiveSettings
 from gateway.verify import fingerprints as fp
 from gateway.verify.history import History, Presence, Recorder
@@ -29,6 +31,7 @@ ATTRIBUTED: Final = "attributed"  # another namespace's records explain it: a fo
 NOBODY: Final = "nobody"  # no namespace's records explain it
 NOT_BLOCKS: Final = "not_blocks"  # exact mode: the count is not whole cache blocks
 UNTRUSTED: Final = "counter_untrusted"  # a canary round saw the counter report cold hits
+NO_HISTORY: Final = "history_unavailable"  # the shared history could not be reached
 
 
 @dataclass(slots=True)
@@ -122,7 +125,10 @@ class Detective:
                 obs.exact = fp.Fingerprints(tuple(blocks), ends, len(ids), True)
                 obs.exact_ids = ids
         every = list(keys) + (list(obs.exact.keys) if obs.exact else [])
-        before = await self.history.record(who, every, obs.nonce)
+        try:
+            before = await self.history.record(who, every, obs.nonce)
+        except SharedUnavailable:  # nothing recorded: the judgement looks again, or says so
+            before = [False] * len(every)
         obs.before = before[: len(keys)]
         if obs.exact is not None:
             obs.exact_before = before[len(keys) :]
@@ -142,7 +148,8 @@ class Detective:
             size = obs.settings.block_size
             blocks = fp.block_keys(self._secret, obs.model, obs.exact_ids + more, size)
             keys += blocks[len(obs.exact.keys) if obs.exact else 0 :]
-        await self.history.record(obs.who, keys, obs.nonce)
+        with contextlib.suppress(SharedUnavailable):  # counted and logged by the store
+            await self.history.record(obs.who, keys, obs.nonce)
 
     async def judge(
         self, obs: Observation, prompt_tokens: int | None, cached: int | None, trusted: bool
@@ -169,7 +176,10 @@ class Detective:
         own = fp.explained_tokens(found, before, *extra)
         if cached <= own:  # the snapshot taken when it was recorded says so: no look-up
             return Finding(None, OWN, cached, own, own, mode=mode)
-        seen = await self.history.presence(obs.who, found.keys, obs.nonce, before)
+        try:
+            seen = await self.history.presence(obs.who, found.keys, obs.nonce, before)
+        except SharedUnavailable:
+            return Finding(Verdict.UNEXPLAINED, NO_HISTORY, cached, own, own, mode=mode)
         own = fp.explained_tokens(found, [p.own for p in seen], *extra)
         every = fp.explained_tokens(found, [p.own or bool(p.other) for p in seen], *extra)
         if cached <= own:

@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from gateway.fleet.local_health import Health
 from gateway.policy.backend_model import Backend
+from gateway.verify.canary import HONEST
 from gateway.verify.detective import Finding
 
 FRESH_ROUNDS: Final = 3  # a canary outcome counts for this many intervals
@@ -40,6 +41,15 @@ def canary_reason(backend: Backend, health: Health | None, now: float) -> str:
     if now - health.canary_at > FRESH_ROUNDS * canary.interval_s:
         return STALE
     return ""
+
+
+def counter_trusted(backend: Backend, health: Health | None) -> bool:
+    """Whether the detective may judge the server's cached-token counts: a canary round saw
+    them behave as cache-hit counts (A's cold send 0, its repeat a hit), or canaries are off
+    and the policy relies on the detective alone. A count that reports hits on cold requests
+    (disaggregated prefill) proves nothing, and is never a violation."""
+    canary = backend.verify.canary if backend.verify else None
+    return canary is None or (health is not None and health.counter == HONEST)
 
 
 def evidence(

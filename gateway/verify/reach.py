@@ -37,9 +37,14 @@ class ReachWatch:
         self._warned: dict[int, float] = {}
 
     async def tick(self, policy: Policy, now: float | None = None) -> None:
+        """Read the reach when `EVERY_S` passed since the last reading."""
         now = time.time() if now is None else now
-        if now - self.read_at < EVERY_S:
-            return
+        if now - self.read_at >= EVERY_S:
+            await self.read(policy, now)
+
+    async def read(self, policy: Policy, now: float | None = None) -> None:
+        """Read every tenant's reach now (and warn about a short one)."""
+        now = time.time() if now is None else now
         self.read_at = now
         try:
             self.last = await self.verification.detective.history.reach()

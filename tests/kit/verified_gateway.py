@@ -45,7 +45,7 @@ def policy_text(
     kind: str = "vllm",
 ) -> str:
     acme, globex = (key_digest(PEPPER.encode(), KEYS[t]) for t in ("acme", "globex"))
-    shared = f"\n          shared: {{redis_url: {redis_url}}}" if redis_url else ""
+    shared = f"\n          shared: {{redis: {{url: '{redis_url}'}}}}" if redis_url else ""
     more = f", {history}" if history else ""
     return textwrap.dedent(f"""\
         version: 1
