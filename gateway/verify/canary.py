@@ -107,11 +107,10 @@ async def run_round(
     repeat = await target.send(shape, a, text)
     other = await target.send(shape, b, text)
     outcome, reason, counter = decide(Sample(first, repeat, other))
-    requests, by = 3, "cached_tokens"
+    by = "cached_tokens"
     if outcome is None:
         timed = await timing_round(target, settings, shape, round_id)
-        outcome, requests, by = timed.outcome, requests + timed.requests, "timing"
-        reason = f"{reason}: {timed.reason}"
+        outcome, by, reason = timed.outcome, "timing", f"{reason}: {timed.reason}"
     name, model = target.backend.name, target.model.name
     return Result(
         name,
@@ -119,7 +118,7 @@ async def run_round(
         outcome,
         reason,
         by,
-        requests,
+        target.sent[0],
         round_id,
         shape.label,
         counter,

@@ -127,19 +127,21 @@ class Shapes:
     def __init__(self, keep: int = 64, rng: random.Random | None = None) -> None:
         self._seen: deque[Shape] = deque(maxlen=keep)
         self._rng = rng if rng is not None else random.SystemRandom()
-        self._turn = self._rng.randrange(1 << 16)  # where the sweep starts: not predictable
+        self._turn = 0
+        self._sweep = self._rng.randrange(1 << 16)  # where the sweep starts: not predictable
 
     def saw(self, shape: Shape) -> None:
         if shape not in self._seen:  # distinct shapes: a busy one does not crowd out the rest
             self._seen.append(shape)
 
     def draw(self, paths: Sequence[str], tokens: int) -> Shape:
-        rng, i = self._rng, self._turn
+        rng = self._rng
         self._turn += 1
         seen = [s for s in self._seen if s.path in paths]
-        if seen and i % 2:
+        if seen and self._turn % 2:
             return rng.choice(seen)
-        i //= 2
+        i = self._sweep
+        self._sweep += 1
         served = sorted(p for p in paths if p in _SHORT) or [CHAT]
         path = served[i % len(served)]
         sampling: list[tuple[str, float | int | bool]] = []

@@ -9,7 +9,7 @@ the round's id), so no tenant request and no other arm can share its cache.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiohttp
@@ -57,11 +57,13 @@ class Target:
     key: NamespaceKey
     markers: MarkerKey
     timeout_s: float
+    sent: list[int] = field(default_factory=lambda: [0])  # sends so far, failed ones included
 
     def identity(self, shape: Shape, round_id: str, arm: str) -> Identity:
         ns = canary_namespace(self.key, self.backend.name, self.model.name, arm, round_id)
         return identity(self.adapter, self.backend, shape.path, ns, arm[0].upper())
 
     async def send(self, shape: Shape, who: Identity, text: str) -> Sent:
+        self.sent[0] += 1
         url = self.backend.url.rstrip("/") + shape.path
         return await send(self.session, url, who, shape.body(self.model.name, text), self.timeout_s)

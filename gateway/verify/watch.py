@@ -185,6 +185,7 @@ class Watch:
     async def _one(
         self, target: Target, canary: CanarySettings, shape: Shape, trigger: str
     ) -> Result:
+        target = dataclasses.replace(target, sent=[0])  # this round's sends only
         try:
             result = await run_round(target, canary, shape, trigger)
         except ProbeError as exc:
@@ -194,7 +195,7 @@ class Watch:
                 Outcome.INCONCLUSIVE,
                 str(exc),
                 "-",
-                0,
+                target.sent[0],
                 shape=shape.label,
                 trigger=trigger,
                 at=time.time(),

@@ -20,6 +20,7 @@ Named a fake: it stands in for the misbehaving servers a real vLLM cannot be mad
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
 import time
@@ -140,7 +141,9 @@ class CacheServer:
         self.served.append((scope, device + host))
         usage = self._usage(len(words), device, host)
         if doc.get("stream"):
-            return await self._stream(request, text, usage)
+            with contextlib.suppress(ConnectionResetError):  # the client gave up waiting
+                return await self._stream(request, text, usage)
+            return web.Response(status=499)
         return web.json_response(_plain(request.path, doc, text, usage))
 
     async def _stream(

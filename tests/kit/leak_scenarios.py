@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,7 +19,10 @@ import orjson
 
 from gateway.metrics import METRICS
 from gateway.verify.watch import WATCH
-from tests.kit.verified_gateway import Verified
+from tests.fakes.cache_server import CacheServer
+from tests.fakes.salt_dropping_proxy import RewritingProxy, When
+from tests.kit.polling import until
+from tests.kit.verified_gateway import Verified, policy_text, verified_gateway
 from tests.kit.vllm_server import SERVED_MODEL
 
 Make = Callable[[str], tuple[str, dict[str, Any]]]  # document text -> (path, body)
@@ -124,3 +129,34 @@ async def until_quarantined(
     tally.canary_requests = canary_requests(gw)
     tally.quarantined = gw.health().quarantined
     return tally
+
+
+def never(path: str, body: dict[str, Any]) -> bool:
+    """A layer that keeps the scope."""
+    return False
+
+
+@asynccontextmanager
+async def leaky_gateway(
+    tmp: Path,
+    when: When | None,
+    server: dict[str, Any] | None = None,
+    *,
+    zero: bool = False,
+    kind: str = "vllm",
+    canary: str = "{interval_s: 3600, prompt_tokens: 64}",
+    first_byte_s: float = 30,
+) -> AsyncIterator[tuple[Verified, CacheServer]]:
+    """A verifying gateway (bound mode) in front of `RewritingProxy(when=...)` in front of a
+    fake server, once its first canary round ended."""
+    fake = CacheServer(**(server or {}))
+    await fake.start()
+    try:
+        async with RewritingProxy(fake.url, when=when, zero_cached=zero) as proxy:
+            text = policy_text(proxy.url, tmp, canary=canary, detective="{block_size: 16}",
+                               kind=kind, first_byte_s=first_byte_s)  # fmt: skip
+            async with verified_gateway(text) as gw:
+                await until(lambda: gw.health().rounds >= 1, what="the first canary round")
+                yield gw, fake
+    finally:
+        await fake.close()

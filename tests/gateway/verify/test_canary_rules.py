@@ -15,10 +15,11 @@ from gateway.verify.canary import ABSENT, COLD_HITS, HONEST, SILENT, Result, Sam
 from gateway.verify.sends import Sent
 from gateway.verify.shapes import Shape
 from gateway.verify.timing import config, most_requests
-from kvfence.probe.client import Identity, Observation
+from kvfence.probe.client import Identity
 from kvfence.probe.method import run_probe
 from kvfence.probe.outcome import Outcome
 from kvfence.probe.prompts import PromptFactory
+from tests.kit.simulated_timing import SimulatedServer
 
 
 def sent(cached: int | None, tiers: tuple[tuple[str, int], ...] = ()) -> Sent:
@@ -78,29 +79,6 @@ def test_alert_mode_records_but_does_not_quarantine() -> None:
     assert not health.quarantined and health.canary == "shared"
     health = quarantine.after_marker(health, settings, 2.0)
     assert not health.quarantined and health.violations == {"canary": 1, "marker": 1}
-
-
-class SimulatedServer:
-    """First-token times of a server with per-identity prefix caching (or one cache for all,
-    `shared`): a miss costs 100 ms, a hit 30 ms, plus exponential jitter of 15 ms on average,
-    and a request right after one of A's pays 0-40 ms more (load timed against A's sends)."""
-
-    def __init__(self, seed: int, shared: bool = False) -> None:
-        self.rng, self.shared = random.Random(seed), shared
-        self.cached: set[tuple[str, str]] = set()
-        self.after_a = False
-        self.requests = 0
-
-    async def send(self, who: Identity, text: str) -> Observation:
-        self.requests += 1
-        scope = "" if self.shared else who.name
-        prefix = text[: len(text) * 9 // 10]  # the probe's hit arm shares 95% of the letters
-        hit = (scope, prefix) in self.cached
-        self.cached.add((scope, prefix))
-        load = self.rng.uniform(0, 0.04) if self.after_a else 0.0
-        self.after_a = who.name == "A"
-        ttft = (0.03 if hit else 0.1) + self.rng.expovariate(1 / 0.015) + load
-        return Observation(ttft, 0, 300, 1)  # the count lies: always 0
 
 
 SETTINGS = CanarySettings()

@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 from tests.fakes.cache_server import CacheServer
-from tests.kit.leak_scenarios import chat, completions, document, read
-from tests.kit.polling import until
-from tests.kit.verified_gateway import Verified, policy_text, verified_gateway
+from tests.kit.leak_scenarios import chat, completions, document, leaky_gateway, never, read
+from tests.kit.verified_gateway import Verified
 
 CANARY = "{interval_s: 3600, prompt_tokens: 64}"
 
@@ -25,16 +24,8 @@ CANARY = "{interval_s: 3600, prompt_tokens: 64}"
 async def serving(
     tmp: Path, first_byte_s: float = 30, **server: Any
 ) -> AsyncIterator[tuple[Verified, CacheServer]]:
-    fake = CacheServer(**server)
-    await fake.start()
-    try:
-        text = policy_text(fake.url, tmp, canary=CANARY, detective="{block_size: 16}",
-                           first_byte_s=first_byte_s)  # fmt: skip
-        async with verified_gateway(text) as gw:
-            await until(lambda: gw.health().rounds >= 1, what="the first canary round")
-            yield gw, fake
-    finally:
-        await fake.close()
+    async with leaky_gateway(tmp, never, server, first_byte_s=first_byte_s) as found:
+        yield found
 
 
 async def rounds(gw: Verified, count: int) -> list[str]:

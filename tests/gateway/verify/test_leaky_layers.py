@@ -16,11 +16,16 @@ import pytest
 from gateway.policy.backend_model import CanarySettings
 from gateway.verify.timing import most_requests
 from tests.fakes import leaky_layers as layers
-from tests.fakes.cache_server import CacheServer
-from tests.fakes.salt_dropping_proxy import RewritingProxy, When
-from tests.kit.leak_scenarios import Make, chat, completions, until_quarantined
-from tests.kit.polling import until
-from tests.kit.verified_gateway import Verified, policy_text, verified_gateway
+from tests.fakes.salt_dropping_proxy import When
+from tests.kit.leak_scenarios import (
+    Make,
+    chat,
+    completions,
+    leaky_gateway,
+    never,
+    until_quarantined,
+)
+from tests.kit.verified_gateway import Verified
 
 CANARY = "{interval_s: 3600, prompt_tokens: 64}"
 BOUND = "{block_size: 16}"
@@ -36,19 +41,11 @@ async def leaky(
     zero: bool = False,
     kind: str = "vllm",
 ) -> AsyncIterator[Verified]:
-    fake = CacheServer(**(server or {}))
-    await fake.start()
-    try:
-        async with RewritingProxy(fake.url, when=when, zero_cached=zero) as proxy:
-            text = policy_text(proxy.url, tmp, canary=CANARY, detective=BOUND, kind=kind)
-            async with verified_gateway(text) as gw:
-                await until(lambda: gw.health().rounds >= 1, what="the first canary round")
-                yield gw
-    finally:
-        await fake.close()
+    async with leaky_gateway(tmp, when, server, zero=zero, kind=kind) as (gw, _):
+        yield gw
 
 
-NEVER = lambda path, body: False  # noqa: E731 (a layer that keeps the scope)
+NEVER = never
 CLASSES: dict[str, tuple[When, Make, int]] = {  # layer, the traffic it leaks on, most requests
     "by body size": (layers.by_size(2500), chat(), 8),
     "by path": (layers.by_path("/v1/completions"), completions(), 8),
@@ -111,7 +108,7 @@ async def test_a_count_that_lies_is_decided_by_timing(tmp_path: Path) -> None:
 async def test_a_partial_layer_whose_count_lies_is_found_by_varied_rounds(tmp_path: Path) -> None:
     async with leaky(tmp_path, layers.by_size(1200), zero=True) as gw:  # long prompts only
         assert gw.health().canary == "isolated" and not gw.health().quarantined
-        for _ in range(9):  # every length comes within 5 scheduled rounds of the sweep
+        for _ in range(15):  # every length comes within 5 scheduled rounds of the sweep
             if (await gw.round()).quarantined:
                 break
         assert gw.health().quarantined and gw.health().canary_by == "timing"
