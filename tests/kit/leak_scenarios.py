@@ -156,7 +156,7 @@ async def leaky_gateway(
             text = policy_text(proxy.url, tmp, canary=canary, detective="{block_size: 16}",
                                kind=kind, first_byte_s=first_byte_s)  # fmt: skip
             async with verified_gateway(text) as gw:
-                await until(lambda: gw.health().rounds >= 1, what="the first canary round")
+                await until(lambda: gw.health().rounds >= 1, timeout_s=120, what="the first round")
                 yield gw, fake
     finally:
         await fake.close()

@@ -1,7 +1,8 @@
 """Leaky layers the tests never saw before this suite: each class of partial scope failure
 (by body size, path, streaming, message count, a sampling field; one that starts after the
 last round; an offload tier; a count that lies; a server that ignores the salt) ends
-quarantined under `enforce`, and B is never served a hit on A's document."""
+quarantined under `enforce`, and B is never served a hit on A's document. (A partial layer
+whose count also lies, found by the scheduled rounds' sweep of shapes: bench/verify_classes.)"""
 
 from __future__ import annotations
 
@@ -97,18 +98,10 @@ async def test_a_server_that_shares_is_quarantined_by_the_first_round(
 
 
 async def test_a_count_that_lies_is_decided_by_timing(tmp_path: Path) -> None:
-    async with leaky(tmp_path, None, zero=True) as gw:  # drops the scope, reports 0 cached
+    # Drops the scope and reports 0 cached; a clear timing signal (as vLLM's: bench)
+    async with leaky(tmp_path, None, {"token_s": 0.001}, zero=True) as gw:
         health = gw.health()
         assert (health.canary, health.canary_by, health.quarantined) == ("shared", "timing", True)
         assert "confirmed" in health.canary_reason and health.counter == "silent"
         tally = await until_quarantined(gw, chat(), pairs=1, rng=random.Random(3))
     assert tally.tenant_requests == 0 and tally.canary_requests <= LYING, tally
-
-
-async def test_a_partial_layer_whose_count_lies_is_found_by_varied_rounds(tmp_path: Path) -> None:
-    async with leaky(tmp_path, layers.by_size(1200), zero=True) as gw:  # long prompts only
-        assert gw.health().canary == "isolated" and not gw.health().quarantined
-        for _ in range(15):  # every length comes within 5 scheduled rounds of the sweep
-            if (await gw.round()).quarantined:
-                break
-        assert gw.health().quarantined and gw.health().canary_by == "timing"
