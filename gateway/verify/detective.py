@@ -32,6 +32,8 @@ NOBODY: Final = "nobody"  # no namespace's records explain it
 NOT_BLOCKS: Final = "not_blocks"  # exact mode: the count is not whole cache blocks
 UNTRUSTED: Final = "counter_untrusted"  # a canary round saw the counter report cold hits
 NO_HISTORY: Final = "history_unavailable"  # the shared history could not be reached
+OTHER_FORM: Final = "other_form"  # bound mode: the namespace also sent prompts in a form it
+# cannot relate to this one (token ids, a rendered template), which may hold these tokens
 
 
 @dataclass(slots=True)
@@ -48,6 +50,7 @@ class Observation:
     exact: fp.Fingerprints | None = None
     exact_ids: list[int] | None = None
     exact_before: list[bool] | None = None
+    other_forms: tuple[int, ...] = ()  # the keys of the forms this prompt did not come in
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,14 +127,17 @@ class Detective:
                 ends = tuple(range(settings.block_size, len(ids) + 1, settings.block_size))
                 obs.exact = fp.Fingerprints(tuple(blocks), ends, len(ids), True)
                 obs.exact_ids = ids
-        every = list(keys) + (list(obs.exact.keys) if obs.exact else [])
+        forms = fp.family_keys(self._secret, model)
+        mine = fp.family(path, body)
+        obs.other_forms = tuple(k for name, k in forms.items() if name != mine)
+        every = list(keys) + (list(obs.exact.keys) if obs.exact else []) + [forms[mine]]
         try:
             before = await self.history.record(who, every, obs.nonce)
         except SharedUnavailable:  # nothing recorded: the judgement looks again, or says so
             before = [False] * len(every)
         obs.before = before[: len(keys)]
         if obs.exact is not None:
-            obs.exact_before = before[len(keys) :]
+            obs.exact_before = before[len(keys) : -1]
         return obs
 
     async def record_answer(self, obs: Observation, text: str) -> None:
@@ -184,10 +190,23 @@ class Detective:
         every = fp.explained_tokens(found, [p.own or bool(p.other) for p in seen], *extra)
         if cached <= own:
             return Finding(None, OWN, cached, own, every, mode=mode)
-        if cached <= every:
-            other = _first_other(seen)
-            return Finding(Verdict.VIOLATION, ATTRIBUTED, cached, own, every, other, mode)
-        return Finding(Verdict.UNEXPLAINED, NOBODY, cached, own, every, mode=mode)
+        if cached > every:
+            return Finding(Verdict.UNEXPLAINED, NOBODY, cached, own, every, mode=mode)
+        if not found.exact and await self._other_forms(obs):
+            return Finding(Verdict.UNEXPLAINED, OTHER_FORM, cached, own, every, mode=mode)
+        other = _first_other(seen)
+        return Finding(Verdict.VIOLATION, ATTRIBUTED, cached, own, every, other, mode)
+
+    async def _other_forms(self, obs: Observation) -> bool:
+        """Whether the namespace also sent this model prompts in a form bound mode cannot
+        relate to this one (then its own hit may be on those: never attributed)."""
+        try:
+            seen = await self.history.presence(
+                obs.who, obs.other_forms, obs.nonce, [False] * len(obs.other_forms)
+            )
+        except SharedUnavailable:
+            return True  # cannot rule it out: never attributed
+        return any(p.own for p in seen)
 
 
 def _first_other(seen: list[Presence]) -> str:

@@ -117,6 +117,27 @@ def block_keys(secret: bytes, model: str, ids: Sequence[int], block: int) -> lis
     return keys
 
 
+FAMILIES: Final = ("chat", "text", "ids")  # forms bound mode cannot relate to each other
+
+
+def family(path: str, body: dict[str, Any]) -> str:
+    """Which form a prompt came in, as bound mode sees it: a conversation (chat, Responses), a
+    completions prompt as text, or as token ids."""
+    if path != COMPLETIONS:
+        return "chat"
+    return "ids" if isinstance(render.completion_prompt(body), list) else "text"
+
+
+def family_keys(secret: bytes, model: str) -> dict[str, int]:
+    """One key per form: "this namespace sent prompts in this form to this model"."""
+    out = {}
+    for name in FAMILIES:
+        h = _keyed(secret, b"kvfence-hist-f").copy()
+        h.update(model.encode() + b"\x00" + name.encode())
+        out[name] = _key(h.digest())
+    return out
+
+
 def namespace_tag(namespace: str) -> int:
     """The namespace as the history names it: the first 64 bits of its label
     (`kvfence.namespace.namespace_label`), so evidence can name it as audit records do."""

@@ -24,6 +24,7 @@ from typing import Final
 from gateway.verify.history import Presence, Reach, Recorder
 
 MAGIC: Final = b"KVFHIST2"
+OLD_MAGIC: Final = b"KVFHIST1"  # namespace-keyed digests, one global completeness time
 _HEAD: Final = struct.Struct("<8sIId")  # magic, slots per region, regions, created
 _DIR: Final = struct.Struct("<QdddI4x")  # tenant tag, claimed, newest evicted, last used, entries
 HEADER_BYTES: Final = 4096
@@ -43,6 +44,8 @@ class FingerprintStore:
         self.path = path
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         with self._locked():
+            if os.pread(self._fd, len(OLD_MAGIC), 0) == OLD_MAGIC:
+                os.ftruncate(self._fd, 0)  # keys of an earlier release: nothing to keep
             if os.fstat(self._fd).st_size == 0:
                 os.ftruncate(self._fd, size)
                 os.pwrite(self._fd, _HEAD.pack(MAGIC, cap, regions, time.time()), 0)

@@ -12,6 +12,7 @@ that are not ours do:
   prompt less one token on every request, as vLLM's disaggregated prefill reports);
 - `caching=False`: caches nothing (a hybrid / Mamba model);
 - `leak_markers=True`: restores the last canary marker it saw into other answers;
+- `echo=True`: answers with the prompt's last words (a model that repeats what it was told);
 - `slow_s`, `down()`: a slow server, and one restarting (503s, its cache lost).
 
 Named a fake: it stands in for the misbehaving servers a real vLLM cannot be made into here.
@@ -64,6 +65,7 @@ class CacheServer:
     counter: str = "honest"
     caching: bool = True
     leak_markers: bool = False
+    echo: bool = False
     block: int = 16
     device_blocks: int = 4096
     base_s: float = 0.002
@@ -131,6 +133,8 @@ class CacheServer:
             self._marker = found.group(0)
         elif self.leak_markers and self._marker:
             text = f"I remember {self._marker} from before."
+        elif self.echo:
+            text = " ".join(words[-12:])
         scope = str(doc.get("cache_salt", "")) if self.honours_salt else ""
         device, host = self.cache.lookup_and_store(scope, words)
         uncached = len(words) - device - host

@@ -213,3 +213,11 @@ def test_keys_name_the_prefix_and_the_model_never_the_namespace() -> None:
     assert not set(a) & set(fp.bound_keys(b"s" * 32, "m2", stream, positions))
     assert not set(a) & set(fp.bound_keys(b"t" * 32, "m", stream, positions))  # keyed
     assert positions[-1] == len(stream) and positions[:3] == [32, 64, 128]
+
+
+def test_an_earlier_releases_history_file_is_started_over(tmp_path: Path) -> None:
+    old = tmp_path / "h.bin"
+    old.write_bytes(b"KVFHIST1" + bytes(4088 + 64 * 16))
+    store = FingerprintStore(old, 1 << 12, 1 << 10)
+    assert store.regions == 4 and store.record_now(Recorder(1, 2), [3], 4, 5.0) == [False]
+    store.close()
