@@ -128,6 +128,7 @@ def family(path: str, body: dict[str, Any]) -> str:
     return "ids" if isinstance(render.completion_prompt(body), list) else "text"
 
 
+@functools.lru_cache(maxsize=64)  # per model, once
 def family_keys(secret: bytes, model: str) -> dict[str, int]:
     """One key per form: "this namespace sent prompts in this form to this model"."""
     out = {}

@@ -16,14 +16,17 @@ import pytest
 
 from gateway.policy.backend_model import CanarySettings
 from gateway.verify.timing import most_requests
+from gateway.verify.watch import WATCH
 from tests.fakes import leaky_layers as layers
 from tests.fakes.salt_dropping_proxy import When
 from tests.kit.leak_scenarios import (
     Make,
     chat,
     completions,
+    document,
     leaky_gateway,
     never,
+    read,
     until_quarantined,
 )
 from tests.kit.verified_gateway import Verified
@@ -105,3 +108,18 @@ async def test_a_count_that_lies_is_decided_by_timing(tmp_path: Path) -> None:
         assert "confirmed" in health.canary_reason and health.counter == "silent"
         tally = await until_quarantined(gw, chat(), pairs=1, rng=random.Random(3))
     assert tally.tenant_requests == 0 and tally.canary_requests <= LYING, tally
+
+
+async def test_a_withheld_stream_never_shows_its_cached_token_count(tmp_path: Path) -> None:
+    switch = layers.Switch()
+    async with leaky(tmp_path, switch) as gw:
+        switch.on = True
+        path, body = chat(stream=True)(document(random.Random(4), 300))
+        assert (await read(await gw.post("acme", path, body)))[:2] == (200, "verified")
+        resp = await gw.post("globex", path, body)
+        raw = await resp.read()
+        assert resp.status == 200  # its head went out before the count arrived
+        assert b"event: error" in raw and b"[DONE]" not in raw
+        assert b"cached_tokens" not in raw and b'"usage"' not in raw
+        await gw.app[WATCH].idle()
+        assert gw.health().quarantined
