@@ -120,9 +120,9 @@ MESSAGES: Final = (1, 3, 2)
 class Shapes:
     """The shapes scheduled rounds send, in turn: a sweep that varies every dimension layers
     have broken on (each length within 5 rounds, each path, streamed or not and each message
-    count within a few; every combination within 30; the sampling fields at random), and,
-    every other round once tenants sent some, a copy of one of the last distinct shapes
-    tenant requests had."""
+    count within a few; every combination within 30; each set of sampling fields tenants sent
+    lately in turn), and, every other round once tenants sent some, a copy of one of the last
+    distinct shapes tenant requests had."""
 
     def __init__(self, keep: int = 64, rng: random.Random | None = None) -> None:
         self._seen: deque[Shape] = deque(maxlen=keep)
@@ -144,17 +144,14 @@ class Shapes:
         self._sweep += 1
         served = sorted(p for p in paths if p in _SHORT) or [CHAT]
         path = served[i % len(served)]
-        sampling: list[tuple[str, float | int | bool]] = []
-        if rng.random() < 0.5:
-            sampling.append(("temperature", rng.choice((0.0, 0.7, 1.0))))
-        if rng.random() < 0.3:
-            sampling.append(("top_p", rng.choice((0.9, 1.0))))
-        if rng.random() < 0.3:
-            sampling.append(("seed", rng.randrange(1 << 16)))
+        # Sampling fields only as tenants sent them: a field no tenant sends could take a
+        # server down (vLLM's CPU backend dies on a seeded prompt long enough to be chunked).
+        kinds = sorted({s.sampling for s in self._seen}) or [()]
+        sampling = kinds[i // 7 % len(kinds)]
         return Shape(
             path,
             i % 2 == 0,
             1 if path == COMPLETIONS else MESSAGES[i // len(served) % len(MESSAGES)],
             max(MIN_TOKENS, min(int(tokens * LENGTHS[i % len(LENGTHS)]), MAX_TOKENS)),
-            tuple(sorted(sampling)),
+            sampling,
         )
