@@ -56,11 +56,17 @@ async def authorize(request: web.Request, handler: Handler) -> web.StreamRespons
 async def status(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     policy = gateway[HOLDER].runtime.policy
-    board, liveness = gateway[VERIFY].health, gateway[LIVENESS]
+    board, liveness, watch = gateway[VERIFY].health, gateway[LIVENESS], gateway[WATCH]
+    await watch.reach.read(policy)
     now, mono = time.time(), time.monotonic()
+    reasons: dict[str, dict[str, int]] = {}
+    for labels, value in gateway[METRICS].totals("kvfence_gateway_verdict_reasons"):
+        why = reasons.setdefault(labels["backend"], {})
+        why[f"{labels['verdict']}:{labels['reason']}"] = int(value)
     backends = {}
     for backend in policy.backends:
         health, live = board.get(backend.name), liveness.get(backend.name)
+        canary = backend.verify.canary if backend.verify else None
         backends[backend.name] = {
             "kind": backend.kind,
             "url": backend.url,
@@ -72,10 +78,11 @@ async def status(request: web.Request) -> web.Response:
             "public_prefixes": public_status(policy, backend),
             **health.as_json(),
             "canary_age_s": round(now - health.canary_at, 1) if health.canary_at else None,
+            "canary_due_at": round(watch.due_at(health, canary), 3) if canary else None,
+            "verdict_reasons": reasons.get(backend.name, {}),
             "weight": backend.weight,
             "passive": gateway[REPLICAS].passive(backend.name).as_json(mono),
         }
-    history = gateway[VERIFY].store
     down = liveness.down(policy)
     store = gateway.get(SHARED)
     shared = None if store is None else {"up": store.up, "since": store.since,
@@ -86,7 +93,12 @@ async def status(request: web.Request) -> web.Response:
             "ready": not down,
             "down": down,
             "backends": backends,
-            "history": {"complete_since": history.complete_since},
+            "history": {
+                "shared": gateway.get(SHARED) is not None,
+                "block_max_age_s": policy.gateway.history.block_max_age_s,
+                "read_at": round(watch.reach.read_at, 3),
+                "tenants": watch.reach.status(now),
+            },
             "shared": shared,
         }
     )
@@ -109,10 +121,10 @@ async def canary(request: web.Request) -> web.Response:
     backend = next((b for b in policy.backends if b.name == name), None)
     if backend is None or backend.verify is None or backend.verify.canary is None:
         return _error(404, "no_canary", "no such backend with canaries")
-    results = await request.app[GATEWAY][WATCH].round(backend)
+    results = await request.app[GATEWAY][WATCH].round(backend, "operator")
     health = request.app[GATEWAY][VERIFY].health.get(backend.name)
     rounds = [
-        {"model": r.model, "outcome": r.outcome.value, "reason": r.reason, "by": r.by}
+        {"model": r.model, **r.evidence(), "reason": r.reason, "requests": r.requests}
         for r in results
     ]
     return _json({"backend": backend.name, "rounds": rounds, "health": health.as_json()})

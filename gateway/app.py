@@ -60,6 +60,7 @@ from gateway.state import (
     Filter,
     Timing,
 )
+from gateway.verify.reach import ReachCollector
 from gateway.verify.service import VERIFY, Verification, remove_state_dir, state_dir_for
 from gateway.verify.watch import WATCH, Watch
 from kvfence.logs import redact_headers
@@ -215,6 +216,7 @@ def create_app(
         await app[AUDIT_SINK].event(app[HOLDER].runtime.policy.gateway.audit_log, entry)
 
     app[WATCH] = Watch(app[HOLDER], app[VERIFY], app[METRICS], lambda: app[SESSION], record)
+    app[METRICS].add_collector(ReachCollector(app[WATCH].reach))
     app.cleanup_ctx.append(session_ctx)
     app.cleanup_ctx.append(audit_sink_ctx)
     app.cleanup_ctx.append(_verify_ctx(temporary))

@@ -165,6 +165,30 @@ class Metrics:
             ["backend", "kind"],
             registry=r,
         )
+        self.canary_requests = Counter(
+            p + "canary_requests",
+            "Requests canary rounds sent, by what started the round",
+            ["backend", "trigger"],
+            registry=r,
+        )
+        self.canary_shapes = Counter(
+            p + "canary_shape_rounds",
+            "Canary rounds by the path and streaming of the shape they sent",
+            ["backend", "path", "stream"],
+            registry=r,
+        )
+        self.canary_triggered = Counter(
+            p + "canary_triggered",
+            "Canary rounds tenants' answers triggered (or asked for and refused by the limits)",
+            ["backend", "finding", "result"],
+            registry=r,
+        )
+        self.verdict_reasons = Counter(
+            p + "verdict_reasons",
+            "Why external servers' answers were unverified or unexplained",
+            ["backend", "verdict", "reason"],
+            registry=r,
+        )
         self.retries = Counter(
             p + "retries",
             "Requests retried on another backend after this one failed before answering",
@@ -200,6 +224,22 @@ class Metrics:
             self.registry.register(collector)
         else:
             self._collectors.append(collector)
+
+    def totals(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """Every sample of the counter `name` (its `_total` series), summed over workers: for
+        /status, which shows some of them."""
+        if self._shared is None:
+            registry = self.registry
+        else:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=str(self._shared))  # type: ignore[no-untyped-call]
+        return [
+            (dict(sample.labels), sample.value)
+            for metric in registry.collect()
+            if metric.name == name
+            for sample in metric.samples
+            if sample.name == name + "_total"
+        ]
 
     def render(self) -> bytes:
         if self._shared is None:

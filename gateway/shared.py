@@ -1,5 +1,6 @@
 """Opening the shared state for one gateway app: with `gateway.shared`, the verification health
-board and the tenant limits move to Redis; without it, nothing changes (all local).
+board, the detective's history and the tenant limits move to Redis; without it, nothing
+changes (all local).
 
 Invariant: the store is opened once per worker and closed after every task that uses it;
 Redis support (the `redis` extra) is imported only for a policy with `gateway.shared`.
@@ -58,10 +59,13 @@ def open_shared(app: web.Application, policy: Policy) -> RedisLimits | None:
     from gateway.fleet.health import SharedHealthBoard
     from gateway.fleet.limits import RedisLimits
     from gateway.fleet.store import SharedStore
+    from gateway.verify.shared_history import SharedHistory
 
     store = app[SHARED] = SharedStore(settings, policy, app[FLEET_METRICS])
     verification = app[VERIFY]
     verification.health = SharedHealthBoard(verification.state_dir / "health.json", store)
+    history = SharedHistory(store, verification.secret, policy.gateway.history)
+    verification.use_history(history)  # one history for every replica
     app[METRICS].add_collector(SharedCollector(store))
     app.cleanup_ctx.append(_close)
     return RedisLimits(store)

@@ -23,7 +23,10 @@ def _private(path: Path, text: str) -> None:
         out.write(text)
 
 
-def policy(vllm_url: str, model: str, port: int, admin: int, block: int) -> str:
+def policy(
+    vllm_url: str, model: str, port: int, admin: int, block: int, tokenizer: Path | None = None
+) -> str:
+    exact = f"tokenizer: {json.dumps(str(tokenizer))}, " if tokenizer else ""
     tenants = "".join(
         f"""
   - id: {tenant}
@@ -50,7 +53,7 @@ backends:
     url: {vllm_url}
     verify:
       canary: {{interval_s: 300, prompt_tokens: 384}}
-      detective: {{block_size: {block}}}
+      detective: {{{exact}block_size: {block}}}
     models: [{{name: {model}, revision: "1"}}]
 tenants:{tenants}
 """
@@ -64,6 +67,9 @@ def main() -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--admin-port", type=int, required=True)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument(
+        "--tokenizer", type=Path, help="the model's Hugging Face folder (exact fingerprints)"
+    )
     args = parser.parse_args()
     state: Path = args.state
     for sub in ("", "secrets", "tenants", "keys", "audit", "anchor", "state", "logs"):
@@ -79,7 +85,9 @@ def main() -> int:
         _private(state / "tenants" / f"{tenant}.digests", key_digest(pepper, keys[tenant]) + "\n")
         _private(state / "keys" / tenant, keys[tenant])
     _private(keys_path, json.dumps(keys, indent=2))
-    text = policy(args.vllm_url, args.model, args.port, args.admin_port, args.block_size)
+    text = policy(
+        args.vllm_url, args.model, args.port, args.admin_port, args.block_size, args.tokenizer
+    )
     (state / "policy.yaml").write_text(text)
     return 0
 

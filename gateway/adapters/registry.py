@@ -8,7 +8,7 @@ from gateway.adapters.base import Adapter
 from gateway.adapters.dynamo import DynamoAdapter
 from gateway.adapters.kvfence import KvfenceAdapter
 from gateway.adapters.unscoped import LlamacppAdapter, OpenaiAdapter, TgiAdapter
-from gateway.adapters.vllm import SglangAdapter, TrtllmAdapter, VllmAdapter
+from gateway.adapters.vllm import MaxAdapter, SglangAdapter, TrtllmAdapter, VllmAdapter
 
 ADAPTERS: Final[dict[str, type[Adapter]]] = {
     cls.kind: cls
@@ -16,6 +16,7 @@ ADAPTERS: Final[dict[str, type[Adapter]]] = {
         VllmAdapter,
         SglangAdapter,
         TrtllmAdapter,
+        MaxAdapter,
         DynamoAdapter,
         KvfenceAdapter,
         TgiAdapter,

@@ -1,4 +1,5 @@
-"""vLLM and SGLang: the namespace travels as the top-level `cache_salt` body field."""
+"""vLLM, SGLang, TensorRT-LLM and MAX Serve: the namespace travels as the top-level `cache_salt`
+body field."""
 
 from __future__ import annotations
 
@@ -26,3 +27,11 @@ class TrtllmAdapter(VllmAdapter):
 
     kind = "trtllm"
     paths = frozenset({CHAT})
+
+
+class MaxAdapter(VllmAdapter):
+    """Modular's MAX Serve takes the same field, but honours it only when the server was started
+    with its cache-salt setting on; started without it, it shares one cache across every salt,
+    which the first canary round finds (`shared`) and quarantines."""
+
+    kind = "max"

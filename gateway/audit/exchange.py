@@ -51,12 +51,16 @@ from gateway.state import (
     UPSTREAM_HEADERS,
 )
 from gateway.verify.detective import Observation
+from gateway.verify.evidence import counter_trusted, evidence
 from gateway.verify.scan import AnswerScan
 from gateway.verify.service import VERIFY, Verification
+from gateway.verify.shapes import of_request
+from gateway.verify.watch import WATCH
 
 log = logging.getLogger("kvfence.gateway.proxy")
 _NONE: Final[frozenset[str]] = frozenset()  # no public part: nearly every request
 CLIENT_CLOSED: Final = 499  # the status recorded when the client leaves mid-stream
+SHAPE_EVERY: Final = 16  # one request in this many tells the watch its shape
 _LEFT: Final = {
     "client_closed": "client closed the stream",
     "client_stalled": "client stopped reading; stream cut",
@@ -122,12 +126,28 @@ class Exchange:
         audits) its prompt recorded in the shared history."""
         verification = request.app[VERIFY]
         exchange = cls(request, verification)
-        verify = exchange.ctx.backend.verify
-        if verify is not None and verify.detective is not None:
+        ctx = exchange.ctx
+        verify = ctx.backend.verify
+        if verify is None:
+            return exchange
+        watch = request.app[WATCH]
+        watch.budget.request(ctx.backend.name)
+        if hash(ctx.request_id) % SHAPE_EVERY == 0:  # rounds follow the traffic's shapes
+            watch.saw(ctx.backend, of_request(request.path, request[BODY], None))
+        if verify.detective is not None:
             exchange._observation = await verification.detective.record(
-                verify.detective, exchange.ctx.namespace, request.path, request[BODY]
+                verify.detective, ctx.tenant, ctx.namespace, ctx.model, request.path, request[BODY]
             )
         return exchange
+
+    @property
+    def evidence(self) -> dict[str, object] | None:
+        """An external server's verdict's evidence (the last canary round, the detective's
+        finding; docs/verify.md, "Evidence"), once judged; None for other backends."""
+        ctx = self.ctx
+        if ctx.backend.verify is None or ctx.verifier is not None:
+            return None
+        return evidence(ctx.backend, ctx.health, self.answer.finding, ctx.now)
 
     def began(self, status: int) -> None:
         """The backend's answer began with `status`. Our backend refusing the gateway's own
@@ -148,7 +168,7 @@ class Exchange:
         if not 200 <= answer.status < 300:
             answer.plain_error = is_plain_error(body)
         self._scan.body(body, parsed)
-        self._finish()
+        await self._finish()
         self.judgement = judgement = judge(self.ctx, answer)
         self.headers = {
             "x-request-id": self.ctx.request_id,
@@ -165,7 +185,9 @@ class Exchange:
                 self._timing.first_event = time.perf_counter()
             token, self.first = split_attestation_event(event) if event is not None else (None, b"")
             self.answer.attestations.append(token)
-        self._usage = UsageScanner(drop_usage=self._request[DROP_USAGE])
+        # Usage waits for the judgement when the detective audits the answer: a withheld
+        # answer's cached-token count never reaches the client.
+        self._usage = UsageScanner(self._request[DROP_USAGE], hold=self._observation is not None)
         self.judgement = judgement = judge(self.ctx, self.answer)
         self.headers = {
             "x-request-id": self.ctx.request_id,
@@ -225,12 +247,12 @@ class Exchange:
             raise UpstreamUnavailable(
                 "the backend's stream ended without its final event (cut short)"
             )
-        self._finish()
+        await self._finish()
         self.judgement = judge(self.ctx, answer)  # now with the usage and the detective's check
         if self.judgement.blocked:
             raise _refused(self.judgement)
         await settle(self._request, self.ctx, answer, self.judgement)  # AuditWriteFailed: it ends
-        return self._suspect + self._done + usage.tail()
+        return self._suspect + usage.held() + self._done + usage.tail()
 
     async def fail(self, error: GatewayError) -> None:
         """The exchange ends with `error` (the upstream failed, or a stream was cut): settled
@@ -275,16 +297,20 @@ class Exchange:
         with contextlib.suppress(AuditWriteFailed):
             await asyncio.shield(left)
 
-    def _finish(self) -> None:
-        """The answer is complete: the detective judges its reported hit and records its text."""
+    async def _finish(self) -> None:
+        """The answer is complete: the detective judges its reported hit and records its text
+        (before the client can have it, so its next turn finds it)."""
         answer, obs = self.answer, self._observation
         answer.markers = self._scan.markers
         if obs is None or answer.status != 200:
             return
-        answer.detective = self._detective.judge(obs, answer.prompt_tokens, answer.cached_tokens)
+        trusted = counter_trusted(self.ctx.backend, self.ctx.health)
+        answer.finding = await self._detective.judge(
+            obs, answer.prompt_tokens, answer.cached_tokens, trusted
+        )
         text = self._scan.text
         if text:
-            self._detective.record_answer(obs, text)
+            await self._detective.record_answer(obs, text)
 
 
 def _refused(judgement: Judgement) -> AttestationRefused:

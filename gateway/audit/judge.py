@@ -20,6 +20,8 @@ import orjson
 from gateway.audit.usage import cached_tokens, prompt_tokens, total_tokens
 from gateway.fleet.local_health import Health
 from gateway.policy.backend_model import AuditMode, Backend
+from gateway.verify.detective import Finding
+from gateway.verify.evidence import canary_reason, evidence
 from kvfence.attestation import (
     Attestation,
     AttestationError,
@@ -30,7 +32,6 @@ from kvfence.namespace import namespace_label
 from kvfence.verdict import Verdict
 
 MAX_ERROR_BYTES: Final = 4096
-FRESH_ROUNDS: Final = 3  # a canary outcome counts for this many intervals
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +70,7 @@ class Answer:
     cached_tokens: int | None = None
     total_tokens: int | None = None  # prompt + completion, for a tokens-per-minute limit
     markers: int = 0  # live canary markers found in the answer's text
-    detective: Verdict | None = None  # UNEXPLAINED or VIOLATION when the hit is not explained
+    finding: Finding | None = None  # the detective's: who explains the reported hit
     settled: bool = False  # set by `settle`, which runs once per request
 
     def read_usage(self, usage: Any) -> None:
@@ -96,19 +97,13 @@ def judge(ctx: AuditContext, answer: Answer) -> Judgement:
         return _attested(ctx, ctx.verifier, answer)
     if ctx.backend.verify is None:
         return UNATTESTED  # an unscoped backend: nothing to verify
-    if answer.detective is Verdict.VIOLATION:
+    found = answer.finding.verdict if answer.finding is not None else None
+    if found is Verdict.VIOLATION:  # another namespace's records explain the hit: withheld
         return Judgement(Verdict.VIOLATION, ctx.enforced)
-    if answer.detective is Verdict.UNEXPLAINED:
+    if found is Verdict.UNEXPLAINED:
         return Judgement(Verdict.UNEXPLAINED)
-    return Judgement(Verdict.VERIFIED if _canary_isolated(ctx) else Verdict.UNVERIFIED)
-
-
-def _canary_isolated(ctx: AuditContext) -> bool:
-    canary = ctx.backend.verify.canary if ctx.backend.verify else None
-    health = ctx.health
-    if canary is None or health is None or health.canary != "isolated":
-        return False
-    return ctx.now - health.canary_at <= FRESH_ROUNDS * canary.interval_s
+    verified = not canary_reason(ctx.backend, ctx.health, ctx.now)
+    return Judgement(Verdict.VERIFIED if verified else Verdict.UNVERIFIED)
 
 
 def _attested(ctx: AuditContext, verifier: AttestationVerifier, answer: Answer) -> Judgement:
@@ -179,4 +174,12 @@ def record(
         "attestation": att.digest if att is not None else None,
         "foreign_namespaces": sorted(namespace_label(n) for n in foreign),
         "public_blocks": public,
+        **_evidence(ctx, answer),
     }
+
+
+def _evidence(ctx: AuditContext, answer: Answer) -> dict[str, Any]:
+    """An external server's verdict's evidence (the canary round, the detective's finding)."""
+    if ctx.backend.verify is None or ctx.verifier is not None:
+        return {}
+    return {"evidence": evidence(ctx.backend, ctx.health, answer.finding, ctx.now)}

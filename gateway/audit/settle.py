@@ -1,7 +1,8 @@
 """Settle: the one place a judgement becomes what the client gets and one audit record: the
 verdict is counted, logged when it is not clean, and written to the audit log; a violation is
-reported to the watch; a withheld answer is replaced by a local error. Only the exchange calls
-it.
+reported to the watch (a live marker quarantines; a detective finding triggers a canary round
+shaped like the request); a withheld answer is replaced by a local error. Only the exchange
+calls it.
 
 Invariant: every request that reached the upstream step is settled exactly once; a record that
 cannot be written raises `AuditWriteFailed`, so the answer fails closed.
@@ -19,7 +20,9 @@ from gateway.audit.judge import Answer, AuditContext, Judgement, record
 from gateway.audit.sink import AUDIT_SINK
 from gateway.errors import AttestationRefused, AuditWriteFailed, error_response
 from gateway.metrics import METRICS, Metrics
-from gateway.state import RUNTIME, USED_TOKENS
+from gateway.state import BODY, RUNTIME, USED_TOKENS
+from gateway.verify.evidence import canary_reason
+from gateway.verify.shapes import of_request
 from gateway.verify.watch import WATCH
 from kvfence.verdict import Verdict
 
@@ -31,6 +34,9 @@ log = logging.getLogger("kvfence.gateway.audit")
 def _count(metrics: Metrics, ctx: AuditContext, answer: Answer, judgement: Judgement) -> None:
     """The verdict, and the tokens the answer reported, per tenant and model."""
     metrics.child(metrics.verdicts, ctx.backend.name, judgement.verdict.value).inc()
+    why = _why(ctx, answer, judgement.verdict)
+    if why:
+        metrics.child(metrics.verdict_reasons, ctx.backend.name, judgement.verdict.value, why).inc()
     prompt, cached, total = answer.prompt_tokens, answer.cached_tokens, answer.total_tokens
     if prompt:
         metrics.child(metrics.prompt_tokens, ctx.tenant, ctx.model).inc(prompt)
@@ -74,11 +80,30 @@ async def settle(
         request.app[METRICS].audit_failures.inc()
         log.error("audit write failed", extra={"rid": ctx.request_id, "error": str(exc)})
         raise AuditWriteFailed("the audit record could not be written") from None
-    if judgement.verdict is Verdict.VIOLATION and ctx.verifier is None:
-        kind = "marker" if answer.markers else "detective"
-        await request.app[WATCH].violation(ctx.backend, kind)
+    if ctx.verifier is None and ctx.backend.verify is not None:
+        await _report(request, ctx, answer)
     if refusal is None:
         return None
     return error_response(
         refusal, ctx.request_id, headers={VERDICT_HEADER: judgement.verdict.value}
     )
+
+
+def _why(ctx: AuditContext, answer: Answer, verdict: Verdict) -> str:
+    """Why an external server's answer is unverified or unexplained (docs/verify.md)."""
+    if verdict is Verdict.UNEXPLAINED and answer.finding is not None:
+        return answer.finding.reason
+    if verdict is Verdict.UNVERIFIED:
+        return canary_reason(ctx.backend, ctx.health, ctx.now)
+    return ""
+
+
+async def _report(request: web.Request, ctx: AuditContext, answer: Answer) -> None:
+    """A live marker quarantines the backend; a hit its own namespace does not explain
+    triggers a canary round shaped like this request."""
+    watch = request.app[WATCH]
+    if answer.markers:
+        await watch.marker(ctx.backend)
+    elif answer.finding is not None and answer.finding.verdict is not None:
+        shape = of_request(request.path, request[BODY], answer.prompt_tokens)
+        await watch.finding(ctx.backend, ctx.tenant, shape, answer.finding)

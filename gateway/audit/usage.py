@@ -1,8 +1,9 @@
 """Usage as the audit reads it: the prompt, cached and total tokens of a plain answer, and of a
 stream as its events pass (dropping the usage-only chat/completions event a client did not ask
-for).
+for, and holding every usage event until the answer is judged when asked to).
 
-Invariant: a scanner's output bytes are its input bytes minus whole dropped events, in order.
+Invariant: a scanner's output bytes, then `held()`, are its input bytes minus whole dropped
+events, in order (held events are the stream's last before `[DONE]`).
 """
 
 from __future__ import annotations
@@ -61,10 +62,14 @@ def cached_tokens(usage: Any) -> int | None:
 class UsageScanner:
     """Feed upstream chunks; get back what to send the client and learn `cached_tokens`."""
 
-    __slots__ = ("_buf", "cached_tokens", "drop_usage", "prompt_tokens", "total_tokens")
+    __slots__ = ("_buf", "_held", "cached_tokens", "drop_usage", "hold", "prompt_tokens",
+                 "total_tokens")  # fmt: skip
 
-    def __init__(self, drop_usage: bool) -> None:
+    def __init__(self, drop_usage: bool, hold: bool = False) -> None:
+        """`hold`: usage events wait in `held()` (the detective judges the count first)."""
         self.drop_usage = drop_usage
+        self.hold = hold
+        self._held: list[bytes] = []
         self.cached_tokens: int | None = None
         self.prompt_tokens: int | None = None
         self.total_tokens: int | None = None
@@ -88,11 +93,23 @@ class UsageScanner:
             return False
         if data.get("type") == "response.completed" and isinstance(data.get("response"), dict):
             self._record(data["response"].get("usage"))
-            return False
+            return self._keep(event, drop=False)
         if data.get("choices") == [] and isinstance(data.get("usage"), dict):
             self._record(data["usage"])
-            return self.drop_usage
+            return self._keep(event, drop=self.drop_usage)
         return False
+
+    def _keep(self, event: bytes, drop: bool) -> bool:
+        """True when the event leaves the output (dropped, or held for later)."""
+        if self.hold and not drop:
+            self._held.append(event + b"\n\n")
+            return True
+        return drop
+
+    def held(self) -> bytes:
+        """The usage events held back, for the end of an answer that passed its judgement."""
+        out, self._held = b"".join(self._held), []
+        return out
 
     def _record(self, usage: Any) -> None:
         self.cached_tokens = cached_tokens(usage)

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import fcntl
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -37,6 +37,11 @@ class Health:
     quarantine_reason: str = ""
     quarantined_at: float = 0.0
     violations: Mapping[str, int] = field(default_factory=dict)  # by kind
+    canary_id: str = ""  # the last round's id, and what it sent and decided by
+    canary_by: str = ""  # cached_tokens | timing | -
+    canary_shapes: Sequence[str] = ()  # the shapes of the recent rounds, newest last
+    counter: str = ""  # what rounds learned of the cached-token count (verify.canary)
+    triggered: int = 0  # rounds tenants' answers triggered
 
     def as_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

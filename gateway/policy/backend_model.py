@@ -39,13 +39,19 @@ class OnShared(StrEnum):
 @dataclass(frozen=True, slots=True)
 class CanarySettings:
     """Canary rounds against one external backend: a fresh random prompt sent twice in canary
-    namespace A (the second must hit) and once in B (must not)."""
+    namespace A (the second must hit) and once in B (must not), in a shape that varies (and,
+    for a round a tenant's answer triggered, copies that request's); by first-token time with
+    the probe's sequential test when the cached-token count cannot decide."""
 
     interval_s: float = 300.0
     prompt_tokens: int = 384
     on_shared: OnShared = OnShared.QUARANTINE
     clean_rounds: int = 3  # clean rounds in a row that release a quarantine
-    timing_samples: int = 4  # prompts per round when the server reports no cached tokens
+    jitter: float = 0.5  # a round is due after interval_s times a uniform draw in 1 +- jitter
+    timing_budget: int = 20  # timing mode: paired procedures per arm at most (looks: 10, 15, 20)
+    timing_alpha: float = 1e-4  # timing mode: a round's false-`shared` rate (confirmed: squared)
+    trigger_interval_s: float = 60.0  # a tenant's answers trigger at most one round this often
+    max_share: float = 0.05  # triggered rounds' requests, as a share of tenant requests
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ _BACKEND_OPT = _F(
     | {"verify", "required", "weight"}
 )
 _KVFENCE_ONLY = _F({"audience", "attestation_keys"})
-_VERIFIABLE = _F({"vllm", "sglang", "trtllm", "dynamo"})  # scoped kinds that do not attest
+_VERIFIABLE = _F({"vllm", "sglang", "trtllm", "dynamo", "max"})  # scoped kinds that do not attest
 _NAME_RE = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 _URL_RE = re.compile(r"^https?://[^\s/?#]+/?$")
 

@@ -105,11 +105,14 @@ class AdminSettings:
 
 @dataclass(frozen=True, slots=True)
 class HistorySettings:
-    """The detective audit's history of prompt-prefix fingerprints, shared by all workers.
-    `block_max_age_s`: how long a server may keep an unused cached block; an unexplained hit is
-    a violation only once the history reaches that far back (else it is `unexplained`)."""
+    """The detective audit's history of prompt-prefix keys, shared by all workers (and, with
+    `gateway.shared`, by every replica). `capacity` records in all, at most `tenant_cap` per
+    tenant (a tenant's traffic evicts only its own records); `block_max_age_s`: how long a
+    server may keep an unused cached block: a tenant whose records reach back less than that
+    after its cap evicted some is reported (an alert: raise `tenant_cap`)."""
 
     capacity: int = 1 << 20
+    tenant_cap: int = 1 << 14
     block_max_age_s: float = 3600.0
 
 

@@ -34,7 +34,11 @@ def _canary(node: Node) -> CanarySettings | None:
             prompt_tokens=lambda n: n.integer(64, 16384),
             on_shared=lambda n: OnShared(n.choice(tuple(OnShared))),
             clean_rounds=lambda n: n.integer(1, 1000),
-            timing_samples=lambda n: n.integer(2, 64),
+            jitter=lambda n: n.number(0.0, 0.9),
+            timing_budget=lambda n: n.integer(10, 1000),
+            timing_alpha=lambda n: n.number(1e-12, 0.01),
+            trigger_interval_s=lambda n: n.number(0.0, 86400.0),
+            max_share=lambda n: n.number(0.0, 1.0),
         )
     )
 
@@ -79,11 +83,15 @@ def read_admin(node: Node, env: Mapping[str, str], base: Path) -> AdminSettings:
 
 
 def read_history(node: Node) -> HistorySettings:
-    f = node.mapping(_F(), _F({"capacity", "block_max_age_s"}))
-    return HistorySettings(
+    f = node.mapping(_F(), _F({"capacity", "tenant_cap", "block_max_age_s"}))
+    history = HistorySettings(
         **optional(
             f,
             block_max_age_s=lambda n: float(n.integer(0, 365 * 86400)),
             capacity=lambda n: n.integer(1024, 1 << 28),
+            tenant_cap=lambda n: n.integer(64, 1 << 28),
         )
     )
+    if history.tenant_cap > history.capacity:
+        (f.get("tenant_cap") or node).fail("tenant_cap cannot exceed capacity")
+    return history

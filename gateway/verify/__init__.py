@@ -1,4 +1,4 @@
-"""Verifying external servers: canary rounds in reserved namespaces (`canary`), a detective
-audit of every answer's cached tokens against the namespace's own history (`fingerprints`,
-`history`, `detective`), content markers (`markers`), and the shared per-backend state that
-quarantines a backend found sharing (`health`)."""
+"""Verifying external servers: canary rounds in reserved namespaces and varying request shapes
+(`canary`, `timing`, `shapes`, `watch`), a detective audit that attributes every reported hit
+(`render`, `fingerprints`, `detective`, over the history in `store` or `shared_history`),
+content markers (`markers`, `scan`), and the rules that quarantine a backend (`quarantine`)."""

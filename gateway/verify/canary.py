@@ -1,41 +1,43 @@
-"""One canary round against an external backend: a fresh random prompt (several cache blocks,
-carrying a live marker) sent twice in reserved canary namespace A and once in B. The second A
-must hit (the positive control); B must not, by reported cached tokens or by first-token time.
+"""One canary round against an external backend, in one request shape: a fresh random prompt
+(carrying a live marker) sent in a fresh canary namespace A, repeated there, and sent once in
+a fresh namespace B. A's repeat must hit (the positive control); B must not, by any count the
+server reports (the total or a tier's). When the count cannot decide (A's repeat reports no
+hit, or A's cold send reports one), the round decides by first-token time (`timing`).
 
-Invariant: `isolated` needs a passing control; anything the round cannot tell (no cache hit on
-A's repeat, no usage and timing that does not separate) is `inconclusive`, never a pass.
+Invariant: `isolated` needs a passing control; a failed send, a count that cannot decide and
+timing that cannot decide are `inconclusive`, never a pass; no send is retried, and every
+namespace B sends in once, so nothing B sees can come from B's own earlier sends.
 """
 
 from __future__ import annotations
 
 import secrets
-import statistics
-from collections.abc import Sequence
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-import aiohttp
-
-from gateway.adapters.base import Adapter
-from gateway.policy.backend_model import Backend, CanarySettings, ModelSpec
-from gateway.verify.markers import MarkerKey
-from kvfence.namespace import NamespaceKey, canary_namespace
-from kvfence.probe.client import Api, Endpoint, Identity, Observation, Sender, make_sender
+from gateway.policy.backend_model import CanarySettings
+from gateway.verify.sends import Sent
+from gateway.verify.shapes import Shape
+from gateway.verify.target import Target, canary_text
+from gateway.verify.timing import timing_round
 from kvfence.probe.outcome import Outcome
-from kvfence.probe.pacing import RetryPolicy
-from kvfence.probe.prompts import Prompt, PromptFactory
+from kvfence.probe.prompts import PromptFactory
 
-CLEAR_GAP = 0.7  # a hit is "clearly" faster: at most this share of a miss's first-token time
-NEAR = 0.3  # B's median within this share of the hit-miss gap of one side: it is that side
+# What a round learned of the server's cached-token count (Health.counter).
+HONEST: Final = "honest"  # A's cold send reported 0 and its repeat a hit
+COLD_HITS: Final = "cold_hits"  # A's cold send reported a hit: the count proves nothing
+SILENT: Final = "silent"  # A's repeat reported no hit (caching off, or a count that lies)
+ABSENT: Final = "absent"  # no count at all
 
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One prompt of a round: A's first send (a miss), A's repeat (must hit), B's send."""
+    """One prompt of a counter round: A's first send (cold), A's repeat, B's send."""
 
-    first: Observation
-    repeat: Observation
-    other: Observation
+    first: Sent
+    repeat: Sent
+    other: Sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,94 +46,82 @@ class Result:
     model: str
     outcome: Outcome
     reason: str
-    by: str  # "cached_tokens" or "timing"
+    by: str  # "cached_tokens", "timing", or "-" (no send completed)
     requests: int
+    round_id: str = ""
+    shape: str = ""  # the shape's label
+    counter: str = ""  # HONEST, COLD_HITS, SILENT, ABSENT, or "" (not learned)
+    trigger: str = "schedule"  # "schedule", "tenant", "operator" or "confirm"
+    at: float = 0.0
+
+    def evidence(self) -> dict[str, Any]:
+        """The round as a receipt or /status names it (docs/verify.md, "Evidence")."""
+        return {
+            "id": self.round_id,
+            "at": self.at,
+            "outcome": self.outcome.value,
+            "by": self.by,
+            "shape": self.shape,
+            "trigger": self.trigger,
+        }
 
 
-def decide(samples: Sequence[Sample]) -> tuple[Outcome, str, str]:
-    """The round's outcome from its samples (pure)."""
-    if all(s.repeat.cached_tokens is not None for s in samples):
-        if any(s.other.cached_tokens for s in samples):
-            return (
-                Outcome.SHARED,
-                "namespace B reported cached tokens on A's prompt",
-                "cached_tokens",
-            )
-        if not all(s.repeat.cached_tokens for s in samples):
-            return (
-                Outcome.INCONCLUSIVE,
-                "A's repeat reported no cached tokens (prefix caching off, or the prompt shorter "
-                "than a cache block)",
-                "cached_tokens",
-            )
-        return Outcome.ISOLATED, "A's repeat hit, B's send did not", "cached_tokens"
-    miss = [s.first.ttft_s for s in samples]
-    hit = [s.repeat.ttft_s for s in samples]
-    other = [s.other.ttft_s for s in samples]
-    slow, fast = statistics.median(miss), statistics.median(hit)
-    if not (max(hit) < min(miss) and fast <= CLEAR_GAP * slow):
+def decide(sample: Sample) -> tuple[Outcome | None, str, str]:
+    """(outcome, reason, counter) from the counts alone; outcome None: timing decides."""
+    first, repeat, other = sample.first, sample.repeat, sample.other
+    if first.hit:
         return (
-            Outcome.INCONCLUSIVE,
-            "no cached-token count, and A's repeats were not clearly faster than its first sends",
-            "timing",
+            None,
+            f"A's cold send reported {first.hit} cached tokens: the count is not a "
+            "cache-hit count here (disaggregated prefill?); timing decides",
+            COLD_HITS,
         )
-    gap, typical = slow - fast, statistics.median(other)
-    if max(other) < min(miss) and typical <= fast + NEAR * gap:
-        return Outcome.SHARED, "B's first-token times look like A's cache hits", "timing"
-    if min(other) > max(hit) and typical >= slow - NEAR * gap:
-        return Outcome.ISOLATED, "B's first-token times look like misses", "timing"
-    return Outcome.INCONCLUSIVE, "B's first-token times fall between hits and misses", "timing"
-
-
-def identity(adapter: Adapter, backend: Backend, path: str, namespace: str, name: str) -> Identity:
-    """The canary's credential: the namespace injected exactly as for a tenant's request."""
-    body: dict[str, Any] = {}
-    headers: dict[str, str] = {}
-    adapter.inject(path, body, headers, namespace)
-    key = backend.api_key.value.decode() if backend.api_key is not None else None
-    return Identity(name, key, tuple(headers.items()), tuple(body.items()))
+    if other.hit:
+        tiers = [f"{tier} {n}" for tier, n in other.tiers if n]
+        where = f" (by tier: {', '.join(tiers)})" if tiers else ""
+        return (
+            Outcome.SHARED,
+            f"namespace B reported {other.hit} cached tokens of A's prompt{where}",
+            HONEST,
+        )
+    if repeat.cached is None and not repeat.tiers:
+        return None, "the server reports no cached-token count; timing decides", ABSENT
+    if not repeat.hit:
+        return (
+            None,
+            "A's repeat reported no cached tokens (caching off, a model that caches "
+            "nothing, or a count that lies); timing decides",
+            SILENT,
+        )
+    return Outcome.ISOLATED, "A's repeat hit, B's send did not", HONEST
 
 
 async def run_round(
-    session: aiohttp.ClientSession,
-    route_adapter: Adapter,
-    backend: Backend,
-    model: ModelSpec,
-    settings: CanarySettings,
-    key: NamespaceKey,
-    markers: MarkerKey,
-    timeout_s: float,
+    target: Target, settings: CanarySettings, shape: Shape, trigger: str = "schedule"
 ) -> Result:
-    """One round (raises the probe client's errors when the backend cannot be reached)."""
+    """One round in `shape` (raises the sends' `SendFailed` when one got no answer)."""
     round_id = secrets.token_hex(8)
-    path = "/v1/chat/completions"
-    a, b = (
-        identity(
-            route_adapter,
-            backend,
-            path,
-            canary_namespace(key, backend.name, model.name, arm, round_id),
-            arm,
-        )
-        for arm in ("a", "b")
+    a, b = target.identity(shape, round_id, "a0"), target.identity(shape, round_id, "b0")
+    text = canary_text(target.markers.mint(), PromptFactory(shape.tokens).fresh().letters)
+    first = await target.send(shape, a, text)
+    repeat = await target.send(shape, a, text)
+    other = await target.send(shape, b, text)
+    outcome, reason, counter = decide(Sample(first, repeat, other))
+    by = "cached_tokens"
+    if outcome is None:
+        timed = await timing_round(target, settings, shape, round_id)
+        outcome, by, reason = timed.outcome, "timing", f"{reason}: {timed.reason}"
+    name, model = target.backend.name, target.model.name
+    return Result(
+        name,
+        model,
+        outcome,
+        reason,
+        by,
+        target.sent[0],
+        round_id,
+        shape.label,
+        counter,
+        trigger,
+        time.time(),
     )
-    send = make_sender(
-        session, Endpoint(backend.url, model.name, Api.CHAT, timeout_s), RetryPolicy(attempts=2)
-    )
-    factory = PromptFactory(settings.prompt_tokens)
-    samples = [await _sample(send, factory, markers, a, b)]
-    if samples[0].repeat.cached_tokens is None:  # no usage: time more prompts
-        for _ in range(settings.timing_samples - 1):
-            samples.append(await _sample(send, factory, markers, a, b))
-    outcome, reason, by = decide(samples)
-    return Result(backend.name, model.name, outcome, reason, by, 3 * len(samples))
-
-
-async def _sample(
-    send: Sender, factory: PromptFactory, markers: MarkerKey, a: Identity, b: Identity
-) -> Sample:
-    prompt = Prompt(markers.mint(), factory.fresh().letters)
-    first = await send(a, prompt.text)
-    repeat = await send(a, prompt.text)
-    other = await send(b, prompt.text)
-    return Sample(first, repeat, other)

@@ -1,18 +1,19 @@
-"""Prompt-prefix fingerprints for the detective audit, and how many cached tokens the
-namespace's own history can explain.
+"""Prompt-prefix fingerprints for the detective audit, and how many cached tokens a set of
+recorded prefixes can explain.
 
 Bound mode (no tokenizer): the prompt as a canonical byte stream (per message a separator, the
-role and the text), with keyed digests of its prefixes at checkpoints 32·2^j bytes and at its
-end. If checkpoint p is in the history and the next one is not, no recorded prompt shares as
-much as that next checkpoint with this one; a byte-level tokenizer never makes more tokens than
-bytes, and the chat template adds at most the policy's overhead per message, which bounds what
-a server could honestly have cached.
+role and the text, as `render` gives it), with keyed digests of its prefixes at checkpoints
+32·2^j bytes and at its end. If checkpoint p is in the history and the next one is not, no
+recorded prompt shares as much as that next checkpoint with this one; a byte-level tokenizer
+never makes more tokens than bytes, and the chat template adds at most the policy's overhead
+per message, which bounds what a server could have cached from those prompts.
 
 Exact mode (the policy names the tokenizer): the rendered prompt's token ids in the server's
-blocks, chained; the explained tokens are the leading blocks the history holds.
+blocks, chained; the explained tokens are the leading blocks the history holds. Chat,
+Responses and completions requests that render to the same ids have the same keys.
 
-Invariant: the namespace is part of every key, and keys are keyed digests: the history can
-answer "has this namespace sent this prefix" and nothing else.
+Invariant: a key is a keyed digest of the model and a prefix, never of text alone and never
+readable back; which namespaces sent a key is the history's business, not the key's.
 """
 
 from __future__ import annotations
@@ -23,10 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-import orjson
-
-from gateway.inputs import jsonbody
-from gateway.inputs.paths import CHAT, RESPONSES
+from gateway.inputs.paths import COMPLETIONS
+from gateway.verify import render
 
 CHUNK: Final = 32
 _MSG: Final = b"\x1e"
@@ -45,43 +44,26 @@ class Fingerprints:
     starts: tuple[int, ...] = ()
 
 
-def _text(content: Any) -> bytes:
-    if isinstance(content, str):
-        return content.encode("utf-8", "surrogatepass")
-    # Content parts: text as text; anything else (images, audio) by its exact JSON.
-    return b"".join(
-        part["text"].encode("utf-8", "surrogatepass")
-        if isinstance(part, dict) and isinstance(part.get("text"), str)
-        else jsonbody.dumps(part, orjson.OPT_SORT_KEYS)
-        for part in (content if isinstance(content, list) else [content])
-    )
-
-
 def prompt_stream(path: str, body: dict[str, Any]) -> tuple[bytes, tuple[int, ...]]:
     """The canonical stream of what a server turns into the prompt, and its message starts."""
-    pieces: list[tuple[str, Any]] = []
-    for key in ("tools", "functions", "response_format"):
-        if body.get(key) is not None:  # rendered into the prompt by many chat templates
-            pieces.append((key, jsonbody.dumps(body[key], orjson.OPT_SORT_KEYS).decode()))
-    if path == CHAT:
-        messages = body.get("messages")
-        for m in messages if isinstance(messages, list) else []:
-            if isinstance(m, dict):
-                pieces.append((str(m.get("role")), m.get("content")))
-    elif path == RESPONSES:
-        if body.get("instructions") is not None:
-            pieces.append(("system", body["instructions"]))
-        items = body.get("input")
-        for item in items if isinstance(items, list) else [{"role": "user", "content": items}]:
-            if isinstance(item, dict):
-                pieces.append((str(item.get("role", item.get("type"))), item.get("content")))
-    else:
-        prompt = body.get("prompt")
-        pieces += [("prompt", p) for p in (prompt if isinstance(prompt, list) else [prompt])]
+    pieces: list[tuple[str, str]] = render.prompt_fields(body)
+    conversation = render.messages(path, body)
+    if conversation is not None:
+        pieces += [(m["role"], m["content"]) for m in conversation]
+    elif path == COMPLETIONS:
+        prompt = render.completion_prompt(body)
+        if isinstance(prompt, list):  # token ids: they match only token ids
+            pieces.append(("ids", ",".join(map(str, prompt))))
+        elif isinstance(prompt, str):
+            pieces.append(("prompt", prompt))
+        else:
+            raw = body.get("prompt")
+            for p in raw if isinstance(raw, list) else [raw]:
+                pieces.append(("prompt", render.content_text(p)))
     stream, starts = b"", []
     for role, content in pieces:
         starts.append(len(stream))
-        stream += _MSG + role.encode() + _ROLE + _text(content)
+        stream += _MSG + role.encode() + _ROLE + content.encode("utf-8", "surrogatepass")
     return stream, tuple(starts)
 
 
@@ -112,10 +94,10 @@ def _keyed(secret: bytes, person: bytes) -> hashlib.blake2b:
     return hashlib.blake2b(key=secret[:64], digest_size=16, person=person)
 
 
-def bound_keys(secret: bytes, namespace: str, stream: bytes, positions: Sequence[int]) -> list[int]:
-    """Keyed digests of the stream's prefixes at `positions` (ascending)."""
+def bound_keys(secret: bytes, model: str, stream: bytes, positions: Sequence[int]) -> list[int]:
+    """Keyed digests of the model's stream prefixes at `positions` (ascending)."""
     h = _keyed(secret, b"kvfence-hist-b").copy()
-    h.update(namespace.encode() + b"\x00")
+    h.update(model.encode() + b"\x00")
     keys, at = [], 0
     for p in positions:
         h.update(stream[at:p])
@@ -124,10 +106,10 @@ def bound_keys(secret: bytes, namespace: str, stream: bytes, positions: Sequence
     return keys
 
 
-def block_keys(secret: bytes, namespace: str, ids: Sequence[int], block: int) -> list[int]:
-    """Keyed, chained digests of every full block of token ids."""
+def block_keys(secret: bytes, model: str, ids: Sequence[int], block: int) -> list[int]:
+    """Keyed, chained digests of every full block of the model's token ids."""
     h = _keyed(secret, b"kvfence-hist-x").copy()
-    h.update(namespace.encode() + b"\x00")
+    h.update(model.encode() + b"\x00")
     keys = []
     for end in range(block, len(ids) + 1, block):
         h.update(b"".join(t.to_bytes(4, "little") for t in ids[end - block : end]))
@@ -135,17 +117,49 @@ def block_keys(secret: bytes, namespace: str, ids: Sequence[int], block: int) ->
     return keys
 
 
+FAMILIES: Final = ("chat", "text", "ids")  # forms bound mode cannot relate to each other
+
+
+def family(path: str, body: dict[str, Any]) -> str:
+    """Which form a prompt came in, as bound mode sees it: a conversation (chat, Responses), a
+    completions prompt as text, or as token ids."""
+    if path != COMPLETIONS:
+        return "chat"
+    return "ids" if isinstance(render.completion_prompt(body), list) else "text"
+
+
+@functools.lru_cache(maxsize=64)  # per model, once
+def family_keys(secret: bytes, model: str) -> dict[str, int]:
+    """One key per form: "this namespace sent prompts in this form to this model"."""
+    out = {}
+    for name in FAMILIES:
+        h = _keyed(secret, b"kvfence-hist-f").copy()
+        h.update(model.encode() + b"\x00" + name.encode())
+        out[name] = _key(h.digest())
+    return out
+
+
+def namespace_tag(namespace: str) -> int:
+    """The namespace as the history names it: the first 64 bits of its label
+    (`kvfence.namespace.namespace_label`), so evidence can name it as audit records do."""
+    return int.from_bytes(hashlib.sha256(namespace.encode()).digest()[:8], "big") or 1
+
+
+def label_of(tag: int) -> str:
+    """The 16 hex characters a namespace label starts with, for a tag."""
+    return f"{tag:016x}"
+
+
 def explained_tokens(
-    fp: Fingerprints, counts: Sequence[int], overhead: int, per_message: int
+    fp: Fingerprints, present: Sequence[bool], overhead: int, per_message: int
 ) -> int:
-    """The most cached tokens this prompt's history explains. `counts[i]` is how often key i
-    was recorded, this request's own recording included (so other requests make it >= 2)."""
+    """The most cached tokens that the recorded prefixes marked `present` explain."""
     if fp.exact:
         lead = 0
-        while lead < len(counts) and counts[lead] >= 2:
+        while lead < len(present) and present[lead]:
             lead += 1
         return fp.positions[lead - 1] if lead else 0
-    matched = [i for i, n in enumerate(counts) if n >= 2]
+    matched = [i for i, hit in enumerate(present) if hit]
     last = matched[-1] if matched else -1
     # No recorded prompt shares the next unmatched checkpoint's prefix: the common prefix is
     # shorter than that (or, with everything matched, at most the whole stream).

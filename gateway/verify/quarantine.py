@@ -1,19 +1,24 @@
-"""Quarantine rules: how a canary round, a violation or an operator's release changes one
-backend's shared health. Pure functions over `Health`.
+"""Quarantine rules: how a canary round, a live marker in an answer, a detective finding or an
+operator's release changes one backend's shared health. Pure functions over `Health`.
 
-Invariant: a backend found sharing (or with a violation) is quarantined unless its policy says
-`on_shared: alert`; it comes back only after `clean_rounds` isolated rounds in a row, or by an
-operator's release. An inconclusive round never counts as clean.
+Invariant: only evidence no tenant can manufacture quarantines: a round that says `shared` (a
+timing-only `shared` only once a second round confirmed it: the watch runs that round and
+hands over the confirmed result) or a live canary marker in an answer. A detective finding
+never quarantines; it triggers a round. A quarantine ends after `clean_rounds` isolated rounds
+in a row, or by an operator's release; an inconclusive round never counts as clean.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Final
 
 from gateway.fleet.local_health import Health
 from gateway.policy.backend_model import CanarySettings, OnShared
 from gateway.verify.canary import Result
 from kvfence.probe.outcome import Outcome
+
+RECENT_SHAPES: Final = 8  # shapes of the last rounds that /status shows
 
 
 def _violation(health: Health, kind: str) -> dict[str, int]:
@@ -24,13 +29,19 @@ def _violation(health: Health, kind: str) -> dict[str, int]:
 
 def after_round(health: Health, result: Result, settings: CanarySettings, now: float) -> Health:
     clean = result.outcome is Outcome.ISOLATED
+    shapes = [*health.canary_shapes, result.shape] if result.shape else list(health.canary_shapes)
     changed = dataclasses.replace(
         health,
         canary=result.outcome.value,
         canary_at=now,
         canary_reason=result.reason,
+        canary_id=result.round_id,
+        canary_by=result.by,
+        canary_shapes=shapes[-RECENT_SHAPES:],
+        counter=result.counter or health.counter,
         rounds=health.rounds + 1,
         clean_streak=health.clean_streak + 1 if clean else 0,
+        triggered=health.triggered + (result.trigger == "tenant"),
     )
     if result.outcome is Outcome.SHARED:
         changed = dataclasses.replace(changed, violations=_violation(health, "canary"))
@@ -40,12 +51,15 @@ def after_round(health: Health, result: Result, settings: CanarySettings, now: f
     return changed
 
 
-def after_violation(
-    health: Health, kind: str, settings: CanarySettings | None, now: float
-) -> Health:
-    """A violation found in a tenant's answer (`marker` or `detective`)."""
-    changed = dataclasses.replace(health, violations=_violation(health, kind), clean_streak=0)
-    return quarantine(changed, settings, f"{kind} violation in an answer", now)
+def after_marker(health: Health, settings: CanarySettings | None, now: float) -> Health:
+    """A live canary marker in a tenant's answer: content only a canary prompt carried."""
+    changed = dataclasses.replace(health, violations=_violation(health, "marker"), clean_streak=0)
+    return quarantine(changed, settings, "marker violation in an answer", now)
+
+
+def after_finding(health: Health) -> Health:
+    """A detective finding (an attributed hit): counted; the round it triggers decides."""
+    return dataclasses.replace(health, violations=_violation(health, "detective"))
 
 
 def quarantine(health: Health, settings: CanarySettings | None, reason: str, now: float) -> Health:

@@ -1,8 +1,10 @@
-"""What one gateway worker holds for verification: the shared history (detective), the shared
+"""What one gateway worker holds for verification: the history and its detective, the shared
 backend health board, the marker key, and the state directory they live in.
 
-Invariant: every worker of one gateway opens the same state directory, so a quarantine decided
-by one worker is honoured by all of them within `health.REFRESH_S`.
+Invariant: every worker of one gateway opens the same state directory (and, with
+`gateway.shared`, every replica the same Redis, which then holds the history and the board), so
+a quarantine decided by one worker is honoured by all of them within `health.REFRESH_S`, and a
+prefix any of them recorded explains a hit any of them judges.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from aiohttp import web
 from gateway.fleet.local_health import HealthBoard
 from gateway.policy.model import Policy
 from gateway.verify.detective import Detective
+from gateway.verify.history import History
 from gateway.verify.markers import MarkerKey
 from gateway.verify.store import FingerprintStore
 
@@ -43,11 +46,19 @@ class Verification:
         ).digest()
         history = policy.gateway.history
         self.state_dir = state_dir
-        self.store = FingerprintStore(state_dir / "history.bin", history.capacity)
-        self.detective = Detective(self.store, secret, history)
+        self.secret = secret
+        self.store: History = FingerprintStore(
+            state_dir / "history.bin", history.capacity, history.tenant_cap
+        )
+        self.detective = Detective(self.store, secret)
         self.health = HealthBoard(state_dir / "health.json")
         self.markers = MarkerKey(secret)
         self.canary_lock = state_dir / "canary.lock"
+
+    def use_history(self, history: History) -> None:
+        """Judge against `history` (the replicas' shared one) instead of the local file."""
+        self.store.close()
+        self.store = self.detective.history = history
 
     def close(self) -> None:
         self.store.close()

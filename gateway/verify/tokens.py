@@ -12,6 +12,9 @@ from typing import Any
 
 import orjson
 
+from gateway.inputs.paths import COMPLETIONS
+from gateway.verify import render
+
 
 class TokenizerError(ValueError):
     """The tokenizer directory cannot be used (named in the policy, checked at load)."""
@@ -37,17 +40,36 @@ class ChatTokenizer:
             k: _token_text(config.get(k)) for k in ("bos_token", "eos_token", "unk_token")
         }
 
-    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int] | None:
-        """The prompt ids of a chat request, or None when it cannot be rendered here."""
+    def prompt_ids(self, path: str, body: dict[str, Any]) -> list[int] | None:
+        """The prompt ids of a request as the server renders it (chat and Responses through
+        the chat template, a completions prompt as text or as the ids it already is), or None
+        when it cannot be rendered here exactly (tools, images, a batch of prompts)."""
+        if path == COMPLETIONS:
+            prompt = render.completion_prompt(body)
+            return self.text_ids(prompt) if isinstance(prompt, str) else prompt
+        conversation = render.messages(path, body)
+        if conversation is None or not render.plain_messages(path, body):
+            return None
+        return self.chat_ids(conversation)
+
+    def chat_text(self, messages: list[dict[str, Any]]) -> str | None:
+        """A chat request's prompt as the server renders it, or None when the template cannot
+        render it here."""
         if self._template is None:
             return None
         try:
-            text = self._template.render(
-                messages=messages, add_generation_prompt=True, **self._specials
+            return str(
+                self._template.render(
+                    messages=messages, add_generation_prompt=True, **self._specials
+                )
             )
         except (self._errors, TypeError, ValueError, LookupError, AttributeError):
             return None  # a request this template cannot render: the caller uses the bound
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int] | None:
+        """The prompt ids of a chat request, or None when it cannot be rendered here."""
+        text = self.chat_text(messages)
+        return None if text is None else list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def text_ids(self, text: str, special: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=special).ids)

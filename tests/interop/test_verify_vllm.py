@@ -1,5 +1,8 @@
-"""Verifying a real vLLM: canary rounds, the detective audit, quarantine and release; and the
-same behind a proxy that drops `cache_salt` (the failure verification exists for)."""
+"""Verifying a real vLLM: canary rounds, the detective audit, quarantine and release; the same
+behind layers that drop `cache_salt` always, only for large bodies (a partial failure the
+counter-mode rounds of the usual shape pass), or while reporting `cached_tokens: 0` (timing
+decides); and the same tokens sent in four forms, which are one prompt to vLLM and to the
+history (exact mode)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.verify.tokens import ChatTokenizer
+from tests.fakes import leaky_layers as layers
 from tests.fakes.salt_dropping_proxy import RewritingProxy
 from tests.kit.concurrent_sessions import alone_then_together
+from tests.kit.leak_scenarios import read
 from tests.kit.polling import until
 from tests.kit.verified_gateway import KEYS, Verified, policy_text, verified_gateway
 from tests.kit.vllm_server import MODEL_DIR, SERVED_MODEL
@@ -25,7 +31,7 @@ def fresh_text(words: int = 300) -> str:
 
 
 async def first_round(gw: Verified) -> None:
-    await until(lambda: gw.health().rounds >= 1, timeout_s=120, what="the first canary round")
+    await until(lambda: gw.health().rounds >= 1, timeout_s=300, what="the first canary round")
 
 
 async def test_a_scoping_vllm_is_isolated_and_answers_are_verified(
@@ -34,7 +40,7 @@ async def test_a_scoping_vllm_is_isolated_and_answers_are_verified(
     async with verified_gateway(policy_text(vllm_url, tmp_path)) as gw:
         await first_round(gw)
         health = gw.health()
-        assert (health.canary, health.quarantined) == ("isolated", False), health
+        assert (health.canary, health.quarantined, health.counter) == ("isolated", False, "honest")
         text = fresh_text()
         for tenant, verdict in (("acme", "verified"), ("acme", "verified"), ("globex", "verified")):
             resp = await gw.chat(tenant, text)
@@ -53,6 +59,7 @@ async def test_a_salt_dropping_proxy_is_shared_in_one_round_then_quarantined(
         await first_round(gw)
         health = gw.health()
         assert (health.canary, health.quarantined, health.rounds) == ("shared", True, 1)
+        assert proxy.forwarded == 3  # one round: A, A's repeat, B
         resp = await gw.chat("acme", fresh_text())
         assert resp.status == 503
         assert (await resp.json())["error"]["code"] == "backend_quarantined"
@@ -64,8 +71,31 @@ async def test_a_salt_dropping_proxy_is_shared_in_one_round_then_quarantined(
         assert (await gw.chat("acme", fresh_text())).status == 200
 
 
+async def test_a_layer_that_drops_the_salt_for_large_bodies_is_caught_by_the_detective(
+    vllm_url: str, tmp_path: Path
+) -> None:
+    """The first round (the usual shape) passes; B's hit on A's large document is attributed,
+    withheld, and the round it triggers, shaped like it, quarantines the backend."""
+    async with (
+        RewritingProxy(vllm_url, when=layers.by_size(3000)) as proxy,
+        verified_gateway(policy_text(proxy.url, tmp_path)) as gw,
+    ):
+        await first_round(gw)
+        assert gw.health().canary == "isolated"
+        doc = fresh_text(1400)  # about 3.5 kB and 1,700 tokens
+        assert (await gw.chat("acme", doc)).status == 200
+        leaked = await gw.chat("globex", doc)
+        assert (leaked.status, leaked.headers["x-kvfence-verdict"]) == (502, "violation")
+        assert "cached_tokens" not in await leaked.text()
+        await until(lambda: gw.health().quarantined, timeout_s=120, what="the triggered round")
+        assert gw.health().triggered == 1 and gw.health().violations == {
+            "detective": 1,
+            "canary": 1,
+        }
+
+
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "bound"])
-async def test_the_detective_flags_tenant_bs_first_unexplained_hit(
+async def test_with_canaries_off_the_detective_still_withholds_an_attributed_hit(
     vllm_url: str, tmp_path: Path, exact: bool
 ) -> None:
     detective = f"{{tokenizer: {MODEL_DIR}, block_size: 128}}" if exact else "{block_size: 128}"
@@ -81,36 +111,48 @@ async def test_the_detective_flags_tenant_bs_first_unexplained_hit(
         assert again.headers["x-kvfence-verdict"] == "unverified"
         assert (await again.json())["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
         leaked = await gw.chat("globex", prompt)  # B gets A's blocks: the salt was dropped
-        assert leaked.status == 502
-        assert leaked.headers["x-kvfence-verdict"] == "violation"
-        assert gw.health().quarantined and gw.health().violations == {"detective": 1}
+        assert (leaked.status, leaked.headers["x-kvfence-verdict"]) == (502, "violation")
+        assert not gw.health().quarantined  # only a round or a marker quarantines
 
 
-async def test_an_unexplained_hit_inside_the_history_window_is_not_a_violation(
-    vllm_url: str, tmp_path: Path
-) -> None:
-    text = policy_text("", tmp_path, canary="false", block_max_age_s=3600)
+async def test_a_count_that_lies_is_decided_by_timing(vllm_url: str, tmp_path: Path) -> None:
     async with (
-        RewritingProxy(vllm_url) as proxy,
-        verified_gateway(text.replace("url: \n", f"url: {proxy.url}\n")) as gw,
-    ):
-        prompt = fresh_text(400)
-        assert (await gw.chat("acme", prompt)).status == 200
-        leaked = await gw.chat("globex", prompt)
-        assert leaked.status == 200 and leaked.headers["x-kvfence-verdict"] == "unexplained"
-        assert not gw.health().quarantined
-
-
-async def test_without_usage_the_canary_finds_sharing_by_timing(
-    vllm_url: str, tmp_path: Path
-) -> None:
-    async with (
-        RewritingProxy(vllm_url, strip_usage=True) as proxy,
+        RewritingProxy(vllm_url, zero_cached=True) as proxy,  # drops the salt, reports 0
         verified_gateway(policy_text(proxy.url, tmp_path)) as gw,
     ):
         await first_round(gw)
         health = gw.health()
-        assert health.canary == "shared" and "first-token" in health.canary_reason, health
+        assert (health.canary, health.canary_by, health.quarantined) == ("shared", "timing", True)
+        assert "confirmed" in health.canary_reason, health
+
+
+def forms(tok: ChatTokenizer, text: str) -> list[tuple[str, dict[str, Any], str, dict[str, Any]]]:
+    messages = [{"role": "user", "content": text}]
+    head, tail = text[: len(text) // 2], text[len(text) // 2 :]
+    rendered = tok.chat_text(messages)
+    assert rendered is not None
+    chat, completions = "/v1/chat/completions", "/v1/completions"
+    return [
+        (chat, {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": head}, {"type": "text", "text": tail}]}]},
+         chat, {"messages": [{"role": "user", "content": head + "\n" + tail}]}),
+        (completions, {"prompt": text}, completions, {"prompt": tok.text_ids(text)}),
+        (chat, {"messages": messages}, completions, {"prompt": rendered}),
+        (chat, {"messages": messages}, completions, {"prompt": tok.text_ids(rendered, False)}),
+    ]  # fmt: skip
+
+
+async def test_the_same_tokens_in_four_forms_are_one_prompt(vllm_url: str, tmp_path: Path) -> None:
+    tok = ChatTokenizer(MODEL_DIR)
+    async with verified_gateway(policy_text(vllm_url, tmp_path)) as gw:
+        await first_round(gw)
+        for path1, body1, path2, body2 in forms(tok, fresh_text(400)):
+            for path, body in ((path1, body1), (path2, body2)):
+                body = {"model": SERVED_MODEL, "max_tokens": 2, "temperature": 0, **body}
+                status, verdict, cached, cut = await read(await gw.post("acme", path, body))
+                assert (status, verdict, cut) == (200, "verified", False), (path, body.keys())
+            assert cached > 0  # the second form hit the first one's blocks: one prompt
+        assert not gw.health().quarantined and gw.health().violations == {}
 
 
 async def test_two_concurrent_sessions_through_vllm_share_nothing(

@@ -1,5 +1,6 @@
-"""A verifying gateway in front of a real server (in-process, admin listener included) for the
-interop tests: policy text with canary and detective settings, and two tenants."""
+"""A verifying gateway in front of a real or fake server (in-process, admin listener included)
+for the verification tests and bench: policy text with canary, detective and history settings,
+two tenants, and (with `redis_url`) the state replicas share."""
 
 from __future__ import annotations
 
@@ -33,27 +34,33 @@ def policy_text(
     url: str,
     state_dir: Path,
     *,
-    canary: str = "{interval_s: 3600, prompt_tokens: 300, timing_samples: 4}",
+    canary: str = "{interval_s: 3600, prompt_tokens: 300}",
     detective: str = f"{{tokenizer: {MODEL_DIR}, block_size: 128}}",
     block_max_age_s: int = 0,
     audit: str = "enforce",
     backends: str = "",
+    history: str = "",
+    first_byte_s: float = 120,
+    redis_url: str = "",
+    kind: str = "vllm",
 ) -> str:
     acme, globex = (key_digest(PEPPER.encode(), KEYS[t]) for t in ("acme", "globex"))
+    shared = f"\n          shared: {{redis: {{url: '{redis_url}'}}}}" if redis_url else ""
+    more = f", {history}" if history else ""
     return textwrap.dedent(f"""\
         version: 1
         gateway:
           listen: {{host: 127.0.0.1, port: 0}}
           admin: {{host: 127.0.0.1, port: 0, token: {{env: ADMIN}}}}
           state_dir: {state_dir}
-          history: {{block_max_age_s: {block_max_age_s}}}
+          history: {{block_max_age_s: {block_max_age_s}{more}}}{shared}
           namespace_keys: [{{id: ns1, secret: {{env: NS_KEY}}, active: true}}]
           api_key_pepper: {{env: PEPPER}}
-          timeouts: {{connect_s: 5, first_byte_s: 120, idle_s: 60}}
+          timeouts: {{connect_s: 5, first_byte_s: {first_byte_s}, idle_s: 60}}
           access_log: false
         backends:
           - name: upstream
-            kind: vllm
+            kind: {kind}
             url: {url}
             audit: {audit}
             verify: {{canary: {canary}, detective: {detective}}}
@@ -79,6 +86,10 @@ class Verified:
         return await self.session.post(
             self.url + "/v1/chat/completions", json=body, headers=headers
         )
+
+    async def post(self, tenant: str, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+        headers = {"authorization": f"Bearer {KEYS[tenant]}"}
+        return await self.session.post(self.url + path, json=body, headers=headers)
 
     async def round(self, backend: str = "upstream") -> Health:
         watch = self.app[WATCH]

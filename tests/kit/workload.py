@@ -28,7 +28,17 @@ ENV = {"NS_KEY": "honest-namespace-key-0123456789abcdef", "PEPPER": PEPPER}
 SCOPES = {"acme": "tenant", "globex": "tenant", "initech": "user", "umbrella": "session"}
 
 
-def policy(vllm: str, state: Path, port: int, admin: int, max_age: int) -> str:
+def policy(
+    vllm: str,
+    state: Path,
+    port: int,
+    admin: int,
+    max_age: int,
+    *,
+    detective: str = f"{{tokenizer: {MODEL_DIR}, block_size: 128}}",
+    history: str = "",
+    canary: str = "{interval_s: 3600, prompt_tokens: 300}",
+) -> str:
     tenants = "".join(
         f'\n  - {{id: {t}, api_keys: ["{key_digest(PEPPER.encode(), KEYS[t])}"], '
         f"scope: {scope}, models: [{SERVED_MODEL}]}}"
@@ -41,7 +51,7 @@ def policy(vllm: str, state: Path, port: int, admin: int, max_age: int) -> str:
           listen: {{host: 127.0.0.1, port: {port}}}
           admin: {{host: 127.0.0.1, port: {admin}}}
           state_dir: {state}
-          history: {{block_max_age_s: {max_age}}}
+          history: {{block_max_age_s: {max_age}{", " + history if history else ""}}}
           namespace_keys: [{{id: ns1, secret: {{env: NS_KEY}}, active: true}}]
           api_key_pepper: {{env: PEPPER}}
           timeouts: {{connect_s: 5, first_byte_s: 300, idle_s: 120}}
@@ -51,8 +61,8 @@ def policy(vllm: str, state: Path, port: int, admin: int, max_age: int) -> str:
             kind: vllm
             url: {vllm}
             verify:
-              canary: {{interval_s: 3600, prompt_tokens: 300}}
-              detective: {{tokenizer: {MODEL_DIR}, block_size: 128}}
+              canary: {canary}
+              detective: {detective}
             models: [{{name: {SERVED_MODEL}, revision: "1"}}]
         tenants:""")
         + tenants

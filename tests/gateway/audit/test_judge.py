@@ -18,6 +18,7 @@ from gateway.policy.backend_model import (
     VerifySettings,
 )
 from gateway.policy.secrets import SecretRef
+from gateway.verify.detective import ATTRIBUTED, NOBODY, Finding
 from kvfence.attestation import AttestationSigner, AttestationVerifier
 from kvfence.keyfile import TrustStore, generate_key
 from kvfence.namespace import namespace_label
@@ -99,13 +100,13 @@ def test_another_backends_attestation_is_invalid() -> None:
         (Health("inconclusive", NOW - 10), Answer(status=200), Verdict.UNVERIFIED, False),
         (
             Health("isolated", NOW),
-            Answer(200, detective=Verdict.UNEXPLAINED),
+            Answer(200, finding=Finding(Verdict.UNEXPLAINED, NOBODY)),
             Verdict.UNEXPLAINED,
             False,
         ),
         (
             Health("isolated", NOW),
-            Answer(200, detective=Verdict.VIOLATION),
+            Answer(200, finding=Finding(Verdict.VIOLATION, ATTRIBUTED)),
             Verdict.VIOLATION,
             True,
         ),

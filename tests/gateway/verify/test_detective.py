@@ -1,27 +1,29 @@
-"""The detective audit on its own: an honest conversation's hits are explained (its earlier
-turns and answers are in the history), another namespace's are not; the history is shared
-between processes, bounded, and never claims to reach back past what it evicted."""
+"""The detective audit on its own: a hit is explained by the namespace's own records, attributed
+to another namespace (a violation at once, whatever the history's age), or explained by nobody
+(unexplained); the four ways of sending the same tokens are one prompt; a tenant's traffic
+evicts only its own records, and each tenant's reach is its own."""
 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway.inputs.paths import CHAT, COMPLETIONS, RESPONSES
 from gateway.policy.backend_model import DetectiveSettings
-from gateway.policy.model import HistorySettings
 from gateway.verify import fingerprints as fp
-from gateway.verify.detective import Detective
+from gateway.verify.detective import ATTRIBUTED, NOBODY, NOT_BLOCKS, OWN, UNTRUSTED, Detective
+from gateway.verify.history import Recorder
 from gateway.verify.store import FingerprintStore
+from gateway.verify.tokens import ChatTokenizer
 from kvfence.verdict import Verdict
 from tests.kit.vllm_server import MODEL_DIR
 
-CHAT = "/v1/chat/completions"
 BOUND = DetectiveSettings(block_size=16)
 SYSTEM = {"role": "system", "content": "You answer questions about shipping. " * 8}
+DOC = "Customs forms for pallets to Norway need the invoice, the weight and the tariff. " * 6
 
 
 def chat(*turns: str) -> dict[str, Any]:
@@ -32,71 +34,190 @@ def chat(*turns: str) -> dict[str, Any]:
 
 @pytest.fixture
 def detective(tmp_path: Path) -> Detective:
-    store = FingerprintStore(tmp_path / "history.bin", 1 << 12)
-    return Detective(store, b"s" * 32, HistorySettings(block_max_age_s=0))
+    return Detective(FingerprintStore(tmp_path / "history.bin", 1 << 12, 1 << 10), b"s" * 32)
 
 
-async def test_an_honest_conversation_is_explained_and_a_foreign_one_is_not(
-    detective: Detective,
-) -> None:
-    first = await detective.record(BOUND, "ns-a", CHAT, chat("What is a pallet?"))
-    assert detective.explained(first, None) < 150  # nothing before it: only template overhead
-    detective.record_answer(first, "A flat platform for goods.")
-    second = await detective.record(
-        BOUND, "ns-a", CHAT, chat("What is a pallet?", "A flat platform for goods.", "Sizes?")
-    )
-    # Everything up to the answer was recorded before: a server may have cached all of it.
-    assert detective.explained(second, None) >= len(second.stream) - 40
-    assert detective.judge(second, None, 200) is None
-    other = await detective.record(BOUND, "ns-b", CHAT, chat("What is a pallet?"))
-    assert detective.judge(other, None, 200) is Verdict.VIOLATION  # B's first request hit A's
-
-
-async def test_a_young_history_says_unexplained_not_violation(tmp_path: Path) -> None:
-    store = FingerprintStore(tmp_path / "h.bin", 1 << 12)
-    young = Detective(store, b"s" * 32, HistorySettings(block_max_age_s=3600))
-    obs = await young.record(BOUND, "ns-b", CHAT, chat("anything at all " * 20))
-    assert young.judge(obs, None, 160) is Verdict.UNEXPLAINED
-    assert young.judge(obs, None, 0) is None
-
-
-async def test_exact_mode_explains_whole_blocks_only(tmp_path: Path) -> None:
+def need_tokenizer() -> None:
     if not (MODEL_DIR / "tokenizer.json").is_file():
         if os.environ.get("KVFENCE_REQUIRE_VLLM") == "1":  # scripts/vllm-env made it: required
             pytest.fail(f"KVFENCE_REQUIRE_VLLM=1 but {MODEL_DIR}/tokenizer.json is missing")
         pytest.skip("no tokenizer directory here (made by scripts/vllm-env)")
-    store = FingerprintStore(tmp_path / "h.bin", 1 << 12)
-    detective = Detective(store, b"s" * 32, HistorySettings(block_max_age_s=0))
+
+
+async def test_own_records_explain_and_another_namespaces_attribute(detective: Detective) -> None:
+    first = await detective.record(BOUND, "acme", "ns-a", "m", CHAT, chat("What is a pallet?"))
+    assert (await detective.judge(first, None, 60, True)).reason == OWN  # the template alone
+    await detective.record_answer(first, "A flat platform for goods.")
+    body = chat("What is a pallet?", "A flat platform for goods.", "Sizes?")
+    second = await detective.record(BOUND, "acme", "ns-a", "m", CHAT, body)
+    found = await detective.judge(second, None, 200, True)  # the earlier turn and its answer
+    assert (found.verdict, found.reason) == (None, OWN)
+    other = await detective.record(BOUND, "globex", "ns-b", "m", CHAT, chat("What is a pallet?"))
+    leaked = await detective.judge(other, None, 200, True)  # B's first request hit A's blocks
+    assert (leaked.verdict, leaked.reason) == (Verdict.VIOLATION, ATTRIBUTED)
+    assert leaked.other == fp.label_of(fp.namespace_tag("ns-a"))
+    assert leaked.as_json()["explained_by"] == "other"
+    same_tenant = await detective.record(
+        BOUND, "acme", "ns-a2", "m", CHAT, chat("What is a pallet?")
+    )
+    found = await detective.judge(same_tenant, None, 200, True)  # a session of the same tenant
+    assert (found.verdict, found.reason) == (Verdict.VIOLATION, ATTRIBUTED)
+
+
+async def test_a_hit_nobody_explains_is_unexplained_whatever_the_age(detective: Detective) -> None:
+    obs = await detective.record(BOUND, "globex", "ns-b", "m", CHAT, chat("anything at all " * 20))
+    found = await detective.judge(obs, None, 160, True)
+    assert (found.verdict, found.reason) == (Verdict.UNEXPLAINED, NOBODY)
+    assert (await detective.judge(obs, None, 0, True)).verdict is None
+    untrusted = await detective.judge(obs, None, 160, False)  # a round saw cold hits reported
+    assert (untrusted.verdict, untrusted.reason) == (None, UNTRUSTED)
+
+
+async def test_a_later_request_of_the_same_namespace_explains_a_concurrent_hit(
+    detective: Detective,
+) -> None:
+    first = await detective.record(BOUND, "acme", "ns-a", "m", CHAT, chat(DOC))
+    assert not any(first.before)
+    await detective.record(BOUND, "acme", "ns-a", "m", CHAT, chat(DOC))  # recorded after it
+    found = await detective.judge(first, None, 300, True)  # the server served the other first
+    assert (found.verdict, found.reason) == (None, OWN)
+
+
+async def test_models_do_not_explain_each_other(detective: Detective) -> None:
+    await detective.record(BOUND, "acme", "ns-a", "m1", CHAT, chat(DOC))
+    other = await detective.record(BOUND, "globex", "ns-b", "m2", CHAT, chat(DOC))
+    assert (await detective.judge(other, None, 300, True)).reason == NOBODY
+
+
+SAME_TOKENS: list[tuple[str, str]] = [
+    ("text parts", "one string"),
+    ("completions text", "completions token ids"),
+    ("chat", "its template as a completions prompt"),
+    ("chat", "responses"),
+]
+
+
+def pair(first: str, second: str, tok: ChatTokenizer | None) -> list[tuple[str, dict[str, Any]]]:
+    text = DOC + " What do I send?"
+    messages = [{"role": "user", "content": text}]
+    forms: dict[str, tuple[str, dict[str, Any]]] = {
+        "text parts": (CHAT, {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": DOC}, {"type": "text", "text": " What do I send?"}]}]}),
+        "one string": (CHAT, {"messages": [
+            {"role": "user", "content": DOC + "\n What do I send?"}]}),
+        "chat": (CHAT, {"messages": messages}),
+        "responses": (RESPONSES, {"input": text}),
+        "completions text": (COMPLETIONS, {"prompt": text}),
+    }  # fmt: skip
+    if tok is not None:
+        rendered = tok.chat_text(messages)
+        assert rendered is not None
+        forms["its template as a completions prompt"] = (COMPLETIONS, {"prompt": rendered})
+        forms["completions token ids"] = (COMPLETIONS, {"prompt": tok.text_ids(text)})
+    return [forms[first], forms[second]]
+
+
+@pytest.mark.parametrize(("first", "second"), SAME_TOKENS)
+async def test_the_same_tokens_sent_another_way_are_the_tenants_own(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    need_tokenizer()
+    tok = ChatTokenizer(MODEL_DIR)
+    detective = Detective(FingerprintStore(tmp_path / "h.bin", 1 << 12, 1 << 10), b"s" * 32)
     exact = DetectiveSettings(tokenizer=MODEL_DIR, block_size=16)
-    body = chat("Tell me about customs forms for pallets to Norway, please.")
-    first = await detective.record(exact, "ns-a", CHAT, body)
-    assert first.exact is not None
-    again = await detective.record(exact, "ns-a", CHAT, body)
-    blocks = first.exact.total // 16 * 16
-    assert detective.explained(again, first.exact.total) == blocks
-    assert detective.judge(again, first.exact.total, blocks) is None
+    (path1, body1), (path2, body2) = pair(first, second, tok)
+    sent = await detective.record(exact, "acme", "ns-a", "m", path1, {"model": "m", **body1})
+    again = await detective.record(exact, "acme", "ns-a", "m", path2, {"model": "m", **body2})
+    assert sent.exact is not None and again.exact is not None
+    assert again.exact.keys == sent.exact.keys  # one prompt to the server, one to the history
+    blocks = again.exact.total // 16 * 16
+    found = await detective.judge(again, again.exact.total, blocks, True)
+    assert (found.verdict, found.reason, found.mode) == (None, OWN, "exact")
+    other = await detective.record(exact, "globex", "ns-b", "m", path2, {"model": "m", **body2})
+    leaked = await detective.judge(other, other.exact.total if other.exact else None, blocks, True)
+    assert (leaked.verdict, leaked.reason) == (Verdict.VIOLATION, ATTRIBUTED)
+
+
+@pytest.mark.parametrize(("first", "second"), SAME_TOKENS[:1] + SAME_TOKENS[3:])
+async def test_without_a_tokenizer_the_same_text_is_still_the_same_prompt(
+    detective: Detective, first: str, second: str
+) -> None:
+    (path1, body1), (path2, body2) = pair(first, second, None)
+    await detective.record(BOUND, "acme", "ns-a", "m", path1, {"model": "m", **body1})
+    again = await detective.record(BOUND, "acme", "ns-a", "m", path2, {"model": "m", **body2})
+    assert all(again.before)
+    assert (await detective.judge(again, None, 112, True)).reason == OWN
+
+
+async def test_exact_mode_says_a_count_of_partial_blocks_is_no_cache_hit(tmp_path: Path) -> None:
+    need_tokenizer()
+    detective = Detective(FingerprintStore(tmp_path / "h.bin", 1 << 12, 1 << 10), b"s" * 32)
+    exact = DetectiveSettings(tokenizer=MODEL_DIR, block_size=16)
+    obs = await detective.record(exact, "acme", "ns-a", "m", CHAT, chat(DOC))
+    assert obs.exact is not None
+    total = obs.exact.total
+    found = await detective.judge(obs, total, total - 1, True)  # disaggregated prefill's count
+    assert (found.verdict, found.reason) == (Verdict.UNEXPLAINED, NOT_BLOCKS)
     # A count the tokenizer disagrees with falls back to the (looser, still sound) bound.
-    assert detective.explained(again, first.exact.total + 1) >= blocks
+    assert (await detective.judge(obs, total + 1, 16, True)).reason == OWN
 
 
-def test_the_store_is_shared_and_its_evictions_move_complete_since(tmp_path: Path) -> None:
+async def test_a_tenant_evicts_only_its_own_records(tmp_path: Path) -> None:
+    store = FingerprintStore(tmp_path / "h.bin", 1 << 12, 256)
+    a, x = Recorder(1, 11), Recorder(2, 22)
+    store.record_now(a, [5, 6, 7], 1, 1000.0)
+    for i in range(40):  # x sends far more than its cap
+        store.record_now(x, [1000 + 50 * i + k for k in range(50)], 2, 2000.0 + i)
+    seen = await store.presence(a, [5, 6, 7], 9, [False, False, False])
+    assert all(p.own for p in seen)
+    reach = {r.tenant: r for r in await store.reach()}
+    assert reach[2].evicted and reach[2].complete_since > 2000.0 and reach[2].entries <= 256
+    assert not reach[1].evicted and reach[1].complete_since == store.created
+    store.close()
+
+
+async def test_the_history_is_shared_between_workers(tmp_path: Path) -> None:
     path = tmp_path / "h.bin"
-    one, two = FingerprintStore(path, 64), FingerprintStore(path, 64)
-    one.add([11, 12])
-    two.add([11])
-    assert two.counts([11, 12, 13]) == [2, 1, 0]
-    start = one.complete_since
-    later = time.time() + 100
-    one.add([k * 64 + 7 for k in range(1, 40)], now=later)  # one bucket, over-full
-    assert one.complete_since > start  # something older than `later` was dropped
+    one, two = FingerprintStore(path, 1 << 12, 1 << 10), FingerprintStore(path, 1 << 12, 1 << 10)
+    a, b = Recorder(1, 11), Recorder(2, 22)
+    assert await one.record(a, [5, 6], 1) == [False, False]
+    assert await two.record(a, [5, 7], 2) == [True, False]
+    seen = await two.presence(b, [5, 6, 8], 3, [False] * 3)
+    assert [p.other for p in seen] == [11, 11, 0] and not any(p.own for p in seen)
     one.close()
     two.close()
 
 
-def test_bound_keys_depend_on_namespace_and_prefix() -> None:
+async def test_with_every_region_taken_the_least_used_tenant_starts_over(tmp_path: Path) -> None:
+    store = FingerprintStore(tmp_path / "h.bin", 1024, 512)  # room for two tenants
+    store.record_now(Recorder(1, 11), [5], 1, 100.0)
+    store.record_now(Recorder(2, 22), [6], 2, 200.0)
+    store.record_now(Recorder(3, 33), [7], 3, 300.0)  # takes tenant 1's region
+    assert {r.tenant for r in await store.reach()} == {2, 3}
+    seen = await store.presence(Recorder(1, 11), [5], 9, [False])
+    assert not seen[0].own and not seen[0].other
+    store.close()
+
+
+def test_a_history_file_of_another_layout_is_refused(tmp_path: Path) -> None:
+    FingerprintStore(tmp_path / "h.bin", 1 << 12, 1 << 10).close()
+    with pytest.raises(ValueError, match="tenant_cap"):
+        FingerprintStore(tmp_path / "h.bin", 1 << 12, 1 << 9)
+
+
+def test_keys_name_the_prefix_and_the_model_never_the_namespace() -> None:
     stream, _ = fp.prompt_stream(CHAT, chat("hello there " * 10))
     positions = fp.checkpoints(stream)
-    a = fp.bound_keys(b"s" * 32, "ns-a", stream, positions)
-    b = fp.bound_keys(b"s" * 32, "ns-b", stream, positions)
-    assert len(set(a)) == len(a) and not set(a) & set(b)
+    a = fp.bound_keys(b"s" * 32, "m", stream, positions)
+    assert a == fp.bound_keys(b"s" * 32, "m", stream, positions)
+    assert not set(a) & set(fp.bound_keys(b"s" * 32, "m2", stream, positions))
+    assert not set(a) & set(fp.bound_keys(b"t" * 32, "m", stream, positions))  # keyed
     assert positions[-1] == len(stream) and positions[:3] == [32, 64, 128]
+
+
+def test_an_earlier_releases_history_file_is_started_over(tmp_path: Path) -> None:
+    old = tmp_path / "h.bin"
+    old.write_bytes(b"KVFHIST1" + bytes(4088 + 64 * 16))
+    store = FingerprintStore(old, 1 << 12, 1 << 10)
+    assert store.regions == 4 and store.record_now(Recorder(1, 2), [3], 4, 5.0) == [False]
+    store.close()

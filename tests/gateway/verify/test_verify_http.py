@@ -21,10 +21,12 @@ from gateway.fleet.local_health import Health
 from gateway.policy.load import parse_policy
 from gateway.server import bound_port, start, start_admin
 from gateway.verify.service import VERIFY
+from gateway.verify.watch import WATCH
 from kvfence.cli import main as kvfence_main
 from tests.fakes.cache_server import CacheServer
 from tests.kit.gateway import ENV, KEYS, digest
 from tests.kit.polling import until
+from tests.kit.verified_gateway import policy_text, verified_gateway
 
 TOKEN = "admin-token-0123456789abcdef"
 CANARY = "{canary: {interval_s: 3600, prompt_tokens: 64}}"
@@ -100,7 +102,7 @@ async def gateway(text: str, state_dir: Path | None = None) -> AsyncIterator[Gw]
 
 
 @asynccontextmanager
-async def servers(*kinds: dict[str, bool]) -> AsyncIterator[list[CacheServer]]:
+async def servers(*kinds: dict[str, Any]) -> AsyncIterator[list[CacheServer]]:
     started = [CacheServer(**kind) for kind in kinds]
     for server in started:
         await server.start()
@@ -143,7 +145,7 @@ async def test_a_leaked_marker_is_caught_in_a_plain_and_a_streamed_answer(tmp_pa
 
 async def test_a_sharing_backend_is_quarantined_and_its_model_fails_over(tmp_path: Path) -> None:
     async with (
-        servers({"shared": True}, {}) as [sharing, honest],
+        servers({"honours_salt": False}, {}) as [sharing, honest],
         gateway(policy([sharing.url, honest.url], tmp_path)) as gw,
     ):
         await rounds_done(gw, "b0", "b1")
@@ -192,7 +194,10 @@ async def test_the_admin_listener_needs_its_token_not_a_tenant_key(tmp_path: Pat
 async def test_the_admin_cli_releases_a_quarantine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async with servers({"shared": True}) as [fake], gateway(policy([fake.url], tmp_path)) as gw:
+    async with (
+        servers({"honours_salt": False}) as [fake],
+        gateway(policy([fake.url], tmp_path)) as gw,
+    ):
         await rounds_done(gw, "b0")
         assert gw.health().quarantined
         base = ["admin", "--url", gw.admin_url, "--token-env", "GW_ADMIN"]
@@ -208,7 +213,7 @@ async def test_the_admin_cli_releases_a_quarantine(
 
 async def test_transitions_are_audit_logged_and_shown_in_metrics(tmp_path: Path) -> None:
     async with (
-        servers({"shared": True}) as [fake],
+        servers({"honours_salt": False}) as [fake],
         gateway(policy([fake.url], tmp_path, audit=True)) as gw,
     ):
         await rounds_done(gw, "b0")
@@ -226,3 +231,42 @@ async def test_transitions_are_audit_logged_and_shown_in_metrics(tmp_path: Path)
         metrics
     )
     assert 'kvfence_gateway_backend_violations{backend="b0",kind="canary"} 1.0' in metrics
+
+
+async def test_status_and_metrics_say_what_rounds_covered_and_why(tmp_path: Path) -> None:
+    fake = CacheServer()
+    await fake.start()
+    text = policy_text(
+        fake.url, tmp_path, canary="{interval_s: 3600, prompt_tokens: 64}",
+        detective="{block_size: 16}",
+    )  # fmt: skip
+    try:
+        async with verified_gateway(text) as gw:
+            await until(lambda: gw.health().rounds >= 1, what="the first canary round")
+            ids = list(range(100, 300))
+            for prompt in (" ".join(map(str, ids)), ids):  # the same tokens: text, then ids
+                body = {"model": "smollm2", "prompt": prompt, "max_tokens": 2}
+                resp = await gw.post("acme", "/v1/completions", body)
+                await resp.read()
+            assert resp.headers["x-kvfence-verdict"] == "unexplained"  # no tokenizer: bound
+            await gw.app[WATCH].idle()  # the round it triggered, shaped like it
+            _, body = await gw.admin("GET", "/status")
+            headers = {"authorization": f"Bearer {TOKEN}"}
+            metrics = await (
+                await gw.session.get(gw.admin_url + "/metrics", headers=headers)
+            ).text()
+    finally:
+        await fake.close()
+    backend = body["backends"]["upstream"]
+    assert backend["triggered"] == 1 and backend["canary"] == "isolated"
+    assert backend["canary_shapes"] == ["chat/stream/1m/64t", "completions/plain/1m/256t"]
+    assert backend["verdict_reasons"] == {"unexplained:nobody": 1}
+    assert backend["canary_id"] and backend["counter"] == "honest"
+    assert body["history"]["tenants"]["acme"]["records"] > 0
+    for line in (
+        'canary_triggered_total{backend="upstream",finding="nobody",result="run"} 1.0',
+        'canary_shape_rounds_total{backend="upstream",path="completions",stream="plain"} 1.0',
+        'verdict_reasons_total{backend="upstream",reason="nobody",verdict="unexplained"} 1.0',
+        'canary_requests_total{backend="upstream",trigger="tenant"} 3.0',
+    ):
+        assert "kvfence_gateway_" + line in metrics, line
