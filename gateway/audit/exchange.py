@@ -5,8 +5,10 @@ the client gets, and settles the answer once (`gateway.audit.settle`).
 
 Invariant: the prompt is recorded in the detective's history before the request is forwarded
 and the answer's text right after the answer completes; no byte reaches the client before the
-judgement that allows it; `judge` and `settle` are called from here and nowhere else, and every
-exchange is settled exactly once, failures included.
+judgement that allows it, nor a stream's first byte before its record is open; `judge` and
+`settle` are called from here and nowhere else, and every exchange is settled exactly once,
+failures and clients that leave included. An answer that ends without its usage is charged what
+it is known to have cost (`estimate`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from gateway.audit.judge import (
     is_plain_error,
     judge,
 )
-from gateway.audit.settle import VERDICT_HEADER, settle
+from gateway.audit.settle import VERDICT_HEADER, open_stream, settle
 from gateway.audit.usage import UsageScanner, parse_usage
 from gateway.errors import (
     AttestationRefused,
@@ -48,6 +50,7 @@ from gateway.state import (
     RUNTIME,
     TENANT,
     TIMING,
+    UPSTREAM_BODY,
     UPSTREAM_HEADERS,
 )
 from gateway.verify.detective import Observation
@@ -58,7 +61,7 @@ log = logging.getLogger("kvfence.gateway.proxy")
 _NONE: Final[frozenset[str]] = frozenset()  # no public part: nearly every request
 CLIENT_CLOSED: Final = 499  # the status recorded when the client leaves mid-stream
 _LEFT: Final = {
-    "client_closed": "client closed the stream",
+    "client_closed": "client closed the connection before its answer ended",
     "client_stalled": "client stopped reading; stream cut",
 }
 
@@ -73,6 +76,7 @@ class Exchange:
         "_detective",
         "_done",
         "_observation",
+        "_relayed",
         "_request",
         "_scan",
         "_suspect",
@@ -115,6 +119,7 @@ class Exchange:
         self._suspect = b""  # text that may start a canary marker, held for the next events
         self._done = b""  # `data: [DONE]` and what follows it, held until the answer settles
         self._withheld = False  # a judgement cut the stream
+        self._relayed = 0  # stream events handed to the client
 
     @classmethod
     async def start(cls, request: web.Request) -> Exchange:
@@ -173,8 +178,10 @@ class Exchange:
         }
         if judgement.blocked:
             return await settle(self._request, self.ctx, self.answer, judgement)
+        await open_stream(self._request, self.ctx, self.answer, judgement)  # or nothing is sent
         if self.first:
             self._scan.events(self.first)
+            self._relayed += 1
         return None
 
     def events(self, chunk: bytes) -> bytes:
@@ -209,6 +216,7 @@ class Exchange:
             cut = done_at(out)
             if cut >= 0:
                 out, self._done = out[:cut], out[cut:]
+        self._relayed += out.count(b"data:")
         return out
 
     async def end(self) -> bytes:
@@ -244,6 +252,7 @@ class Exchange:
             log.warning("stream cut", extra=fields)
             if not self._withheld:
                 self.answer.prompt_tokens = self._usage.prompt_tokens
+        self.estimate(sent=bool(self.answer.status))
         with contextlib.suppress(AuditWriteFailed):
             await settle(
                 self._request,
@@ -255,15 +264,16 @@ class Exchange:
             )
 
     async def left(self, reason: str) -> None:
-        """The client left (`client_closed`) or stopped reading (`client_stalled`) mid-stream:
-        the answer is settled with status 499 and `reason`, even while the handler is being
-        cancelled."""
+        """The client left (`client_closed`) or stopped reading (`client_stalled`), before its
+        answer or mid-stream: the answer is settled with status 499 and `reason`, even while the
+        handler is being cancelled."""
         if self.answer.settled:
             return
         log.info(_LEFT[reason], extra={"rid": self.ctx.request_id})
         if self._usage is not None:
             self.answer.prompt_tokens = self._usage.prompt_tokens
             self.answer.cached_tokens = self._usage.cached_tokens
+        self.estimate(sent=bool(self._timing.upstream_sent))
         left = settle(
             self._request,
             self.ctx,
@@ -274,6 +284,21 @@ class Exchange:
         )
         with contextlib.suppress(AuditWriteFailed):
             await asyncio.shield(left)
+
+    def estimate(self, sent: bool) -> None:
+        """What an answer that ended without its usage is charged: one token per event the
+        client got, and, once the request was `sent` to the backend, its prompt (as the usage
+        or the attestation gave it, else a quarter of the body's bytes: high rather than low)."""
+        answer = self.answer
+        if answer.total_tokens is not None:
+            return
+        prompt = answer.prompt_tokens
+        att = self.judgement.attestation
+        if prompt is None and att is not None:
+            prompt = att.prompt_tokens
+        if prompt is None:
+            prompt = len(self._request[UPSTREAM_BODY]) // 4
+        answer.estimated_tokens = self._relayed + (prompt if sent else 0)
 
     def _finish(self) -> None:
         """The answer is complete: the detective judges its reported hit and records its text."""

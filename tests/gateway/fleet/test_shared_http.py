@@ -91,6 +91,8 @@ async def test_redis_down_gives_the_policys_behaviour(
             assert resp.status == expected
             if expected == 503:
                 assert (await resp.json())["error"]["code"] == "shared_state_unavailable"
+        ready = await one.session.get(one.url + "/readyz")
+        assert ready.status == expected  # closed: not ready (it would refuse every request)
         metrics = await one.metrics()
         assert "kvfence_gateway_shared_state_up 0.0" in metrics
         assert 'kvfence_gateway_shared_state_fallbacks_total{action="' + mode in metrics
