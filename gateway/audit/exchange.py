@@ -21,7 +21,7 @@ from typing import Final
 
 from aiohttp import web
 
-from gateway.audit.events import done_at, split_attestation_event
+from gateway.audit.events import done_at, split_attestation_event, strip_body, strip_events
 from gateway.audit.judge import (
     UNATTESTED,
     Answer,
@@ -85,6 +85,7 @@ class Exchange:
         "_withheld",
         "answer",
         "attested",
+        "body",
         "ctx",
         "first",
         "headers",
@@ -116,6 +117,7 @@ class Exchange:
         self._observation: Observation | None = None
         self._usage: UsageScanner | None = None  # a stream's, from its head on
         self.first = b""
+        self.body = b""  # a plain answer as the client gets it
         self._suspect = b""  # text that may start a canary marker, held for the next events
         self._done = b""  # `data: [DONE]` and what follows it, held until the answer settles
         self._withheld = False  # a judgement cut the stream
@@ -144,7 +146,7 @@ class Exchange:
 
     async def plain(self, body: bytes, attestations: list[str]) -> web.Response | None:
         """A plain answer, whole, before a byte of it is sent: judged and settled. Returns the
-        local answer that replaces it when it is withheld, else None (send it with
+        local answer that replaces it when it is withheld, else None (send `body` with
         `headers`)."""
         answer = self.answer
         answer.attestations = list(attestations)
@@ -153,6 +155,7 @@ class Exchange:
         if not 200 <= answer.status < 300:
             answer.plain_error = is_plain_error(body)
         self._scan.body(body, parsed)
+        self.body = strip_body(body, parsed)
         self._finish()
         self.judgement = judgement = judge(self.ctx, answer)
         self.headers = {
@@ -165,11 +168,13 @@ class Exchange:
         """A stream's first event (None: it never completed), read only when `attested`.
         Returns the local answer that replaces a withheld stream, else None: the stream goes
         on, with `headers`."""
+        first = b""
         if self.attested:
             if event is not None:
                 self._timing.first_event = time.perf_counter()
-            token, self.first = split_attestation_event(event) if event is not None else (None, b"")
+            token, first = split_attestation_event(event) if event is not None else (None, b"")
             self.answer.attestations.append(token)
+            self.first = strip_events(first)
         self._usage = UsageScanner(drop_usage=self._request[DROP_USAGE])
         self.judgement = judgement = judge(self.ctx, self.answer)
         self.headers = {
@@ -179,9 +184,9 @@ class Exchange:
         if judgement.blocked:
             return await settle(self._request, self.ctx, self.answer, judgement)
         await open_stream(self._request, self.ctx, self.answer, judgement)  # or nothing is sent
-        if self.first:
-            self._scan.events(self.first)
-            self._relayed += 1
+        if first:
+            self._scan.events(first)  # as the backend sent it: a second attestation counts
+            self._relayed += self.first.count(b"data:")
         return None
 
     def events(self, chunk: bytes) -> bytes:
@@ -205,6 +210,7 @@ class Exchange:
                 if self.judgement.blocked:  # cut before this chunk reaches the client
                     self._withheld = True
                     raise _refused(self.judgement)
+            out = strip_events(out)  # scanned as sent, relayed without any attestation
             # Text that may be the start of a canary marker waits for the next events.
             if scan.marker_started:
                 out, self._suspect = b"", self._suspect + out

@@ -62,7 +62,7 @@ async def _relay(
     if withheld is not None:
         return withheld
     headers = {"content-type": upstream.content_type, **exchange.headers}
-    return web.Response(body=body, status=upstream.status, headers=headers)
+    return web.Response(body=exchange.body, status=upstream.status, headers=headers)
 
 
 async def forward(request: web.Request, exchange: Exchange) -> web.StreamResponse:

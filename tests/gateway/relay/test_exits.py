@@ -21,7 +21,7 @@ from gateway.audit.chain.format import mac_key
 from gateway.audit.chain.verify import unfinished, verify_chain
 from gateway.policy.load import parse_policy
 from tests.fakes.openai_upstream import LONG, FakeUpstream
-from tests.kit.gateway import ENV, Gateway, policy_text, run_gateway
+from tests.kit.gateway import ENV, KEYS, Gateway, policy_text, run_gateway
 from tests.kit.polling import until
 
 AUDIT_KEY = "audit-key-0123456789abcdef"
@@ -151,3 +151,33 @@ async def test_streams_cut_before_their_usage_are_charged_against_tokens_per_min
     # Each cut stream is charged at least the 40 events its client read, plus its prompt.
     assert admitted <= 7 and len(refused) == 12 - admitted
     assert all(s == 429 and "tokens per min" in m for s, m in refused)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_half_closed_client_gets_a_clean_close_that_is_audited(
+    tmp_path: Path, stream: bool
+) -> None:
+    """A client that shuts its sending side is taken as gone (as nginx and Go's server take
+    it): its request is cancelled upstream, its connection closed cleanly (no reset), and the
+    request recorded 499."""
+    log = tmp_path / "audit.jsonl"
+    async with audited("hold" if stream else "stall_before", log) as gw:
+        host, port = gw.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        body = orjson.dumps({**CHAT, "stream": stream})
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + KEYS["acme"].encode() + b"\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        await until(lambda: gw.upstream.received, what="the request upstream")
+        if stream:
+            await reader.readuntil(b"data: ")  # its answer has begun
+        writer.write_eof()
+        async with asyncio.timeout(10):
+            while await reader.read(65536):  # what was sent before, then a clean end
+                pass
+        writer.close()
+        await until(lambda: [r for r in records(log) if r["phase"] == "final"], what="a record")
+    final = [r for r in records(log) if r["phase"] == "final"]
+    assert [(r["status"], r["reason"]) for r in final] == [(499, "client_closed")]
