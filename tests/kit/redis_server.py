@@ -13,6 +13,15 @@ from pathlib import Path
 import pytest
 
 REDIS = shutil.which("redis-server")
+# The gateways' ACL user's rules as deploy/compose.fleet.yml and deploy/k8s give them.
+GATEWAY_USER = "kvfence-gateway"
+GATEWAY_RULES = "~kvf2:* resetchannels -@all +@read +@write +@transaction +@connection -@dangerous"
+
+
+def gateway_acl(password: str) -> tuple[str, ...]:
+    """redis-server options for the deployed ACL: the default user off, the gateways' user."""
+    return ("--user", "default", "off", "resetpass", "-@all",
+            "--user", GATEWAY_USER, "on", f">{password}", *GATEWAY_RULES.split())  # fmt: skip
 
 
 def need_redis() -> None:

@@ -17,7 +17,7 @@ from gateway.verify.service import VERIFY
 from gateway.verify.watch import WATCH
 from tests.kit.gateway import PEPPER, Gateway
 from tests.kit.polling import until
-from tests.kit.redis_server import RedisServer, need_redis
+from tests.kit.redis_server import GATEWAY_USER, RedisServer, gateway_acl, need_redis
 from tests.kit.shared_gateways import CHAT, two_gateways
 
 
@@ -112,16 +112,21 @@ async def test_one_replica_runs_each_due_canary_round(redis_server: RedisServer)
 
 
 async def test_an_acl_user_reaches_a_redis_that_refuses_everyone_else(tmp_path: Path) -> None:
+    """Redis as deployed: its default user off, the gateways' ACL user with a password and no
+    command that could empty or reconfigure the store."""
     need_redis()
-    acl = ("--user", "default", "off", "--user", "gateway", "on", f">{PEPPER}", "~*", "&*", "+@all")
-    server = RedisServer(tmp_path, acl)
+    server = RedisServer(tmp_path, gateway_acl(PEPPER))
     server.start()
     try:
-        password = "username: gateway, password: {env: PEPPER}"
+        password = f"username: {GATEWAY_USER}, password: {{env: PEPPER}}"
         async with two_gateways(server, limits="requests_per_s: 100", redis=password) as gws:
             assert [await status(gw) for gw in gws[:2]] == [200, 200]
+            await gws[0].app[WATCH].apply("a", lambda h: dataclasses.replace(h, rounds=1))
             assert gws[0].app[SHARED].up
         with redis.Redis.from_url(server.url) as anyone, pytest.raises(redis.AuthenticationError):
             anyone.keys("*")
+        gateway = redis.Redis.from_url(server.url, username=GATEWAY_USER, password=PEPPER)
+        with gateway, pytest.raises(redis.exceptions.NoPermissionError):
+            gateway.flushall()
     finally:
         server.stop()
