@@ -30,8 +30,8 @@ from gateway.policy.tenant_model import Tenant
 
 PROBES: Final = frozenset({"/healthz", "/readyz"})
 TICK_S: Final = 0.05
-GRACE_TICKS: Final = 4  # a connection's time to send its request before it may give way
-MIN_OVERFLOW: Final = 256  # connections held over the cap, at least (else: `limit`)
+GRACE_TICKS: Final = 10  # a connection's time to send its request before it may give way
+MIN_OVERFLOW: Final = 4096  # connections held over the cap, at least (else: 4 x `limit`)
 Identify = Callable[[web.BaseRequest], Tenant | None]  # the tenant the request's key names
 
 
@@ -67,11 +67,12 @@ class Pressure:
         identify: Identify | None = None,
     ) -> None:
         self.limit, self.per_client, self.metrics = limit, per_client, metrics
-        self.overflow = max(limit, MIN_OVERFLOW)
+        self.overflow = max(4 * limit, MIN_OVERFLOW)
         self._identify = identify
         self.tick = 0
         self._ticker: asyncio.TimerHandle | None = None
         self._conns: dict[RequestHandler, _Conn] = {}
+        self._waiting: dict[RequestHandler, _Conn] = {}  # no request seen in progress: victims
         self._parties = Counter[str]()  # admitted connections per party
         self.admitted = 0
         self.held = 0
@@ -103,7 +104,9 @@ class Pressure:
             self._forget(handler)
 
         async def request_handler(request: web.BaseRequest) -> web.StreamResponse:
-            conn = self._conns.get(request.protocol)
+            handler = request.protocol
+            conn = self._conns.get(handler)
+            self._waiting.pop(handler, None)
             if conn is not None and not _exempt(request):
                 refused = self._seat(conn, request)
                 if refused is not None:
@@ -115,6 +118,8 @@ class Pressure:
                 if conn is not None:
                     conn.finished += 1
                     conn.since, conn.tick = time.monotonic(), self.tick
+                    if handler in self._conns:
+                        self._waiting[handler] = conn
 
         setattr(server, "connection_made", connection_made)  # noqa: B010
         setattr(server, "connection_lost", connection_lost)  # noqa: B010
@@ -125,7 +130,7 @@ class Pressure:
         party = "addr:" + peer
         fits = self.admitted < self.limit and self._parties[party] < self.per_client
         conn = _Conn(peer, party, time.monotonic(), self.tick, transport, fits)
-        self._conns[handler] = conn
+        self._conns[handler] = self._waiting[handler] = conn
         if fits:
             self._count(conn, 1)
             return
@@ -165,7 +170,7 @@ class Pressure:
         """The connection to give way: without a request past its grace, admitted (or held),
         of `party` if given, else of the party holding the most; the longest waiting."""
         old = self.tick - GRACE_TICKS
-        found = [(-self._parties[c.party], c.since, h) for h, c in self._conns.items()
+        found = [(-self._parties[c.party], c.since, h) for h, c in self._waiting.items()
                  if c.admitted is not held and c.tick <= old and not _busy(h, c)
                  and party in (None, c.party)]  # fmt: skip
         return min(found, key=lambda item: item[:2])[2] if found else None
@@ -188,6 +193,7 @@ class Pressure:
             del self._parties[conn.party]
 
     def _forget(self, handler: RequestHandler) -> None:
+        self._waiting.pop(handler, None)
         conn = self._conns.pop(handler, None)
         if conn is None:
             return
