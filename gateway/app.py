@@ -13,7 +13,6 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -37,6 +36,7 @@ from gateway.fleet.local_limits import LIMITS, SharedLimits
 from gateway.fleet.metrics import FLEET_METRICS, FleetMetrics
 from gateway.inputs.paths import PROXIED_PATHS
 from gateway.listener.edge import EDGE, Edge
+from gateway.listener.load import IN_FLIGHT, InFlight, busy
 from gateway.metrics import METRICS, Metrics
 from gateway.models_api import add_routes
 from gateway.observe import failed, finish
@@ -83,19 +83,10 @@ _RID_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 log = logging.getLogger("kvfence.gateway")
 
 
-@dataclass(slots=True)
-class InFlight:
-    """Proxied requests this worker holds now (for `limits.max_in_flight`)."""
-
-    count: int = 0
-
-
-IN_FLIGHT = web.AppKey("kvfence_in_flight", InFlight)
-
-
 async def proxied(request: web.Request) -> web.StreamResponse:
     held, cap = request.app[IN_FLIGHT], request[RUNTIME].policy.gateway.limits.max_in_flight
     metrics = request.app[METRICS]
+    held.cap = cap
     if held.count >= cap:
         metrics.overloaded.inc()
         raise Overloaded("the gateway is at its in-flight limit; retry shortly", 1.0)
@@ -115,7 +106,10 @@ async def proxied(request: web.Request) -> web.StreamResponse:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.Response(text="ok\n")
+    """Liveness: 200 whenever this worker answers, busy included (a restart would not make it
+    less busy); the body says which caps are reached."""
+    at = busy(request.app)
+    return web.Response(text=f"ok, busy: {', '.join(at)}\n" if at else "ok\n")
 
 
 @web.middleware
@@ -227,6 +221,6 @@ def create_app(
     for path in sorted(PROXIED_PATHS):
         app.router.add_post(path, proxied)
     add_routes(app)
-    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/healthz", healthz)  # the two PROBES: answered whatever the caps
     app.router.add_get("/readyz", readyz)
     return app

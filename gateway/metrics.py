@@ -144,13 +144,13 @@ class Metrics:
         )
         self.connections_refused = Counter(
             p + "connections_refused",
-            "Connections answered 503 at a connection cap",
+            "Requests on connections over a cap answered 503 (cap: total or per_client)",
             ["cap"],
             registry=r,
         )
         self.connections_reclaimed = Counter(
             p + "connections_reclaimed",
-            "Idle or trickling connections closed to admit a new one",
+            "Connections without a request (idle or trickling) closed to make room",
             registry=r,
         )
         self.overloaded = Counter(

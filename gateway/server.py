@@ -1,9 +1,11 @@
 """Serving an app: the runner settings that bound what a client may hold, and the edge.
 
 Invariant: an idle or trickling client is cut after `header_timeout_s` (aiohttp's keep-alive
-deadline also covers a connection whose request headers are incomplete), connections beyond the
-caps make room or are answered 503 (`gateway.listener.connections`), a client disconnect cancels its
-handler, and every request passes `gateway.listener.edge` before the app routes it.
+deadline also covers a connection whose request headers are incomplete), a connection over the
+caps waits until its request arrives, then is admitted or answered 503
+(`gateway.listener.connections`, which tells clients apart by the tenant their key
+authenticates), a client disconnect cancels its handler, and every request passes
+`gateway.listener.edge` before the app routes it.
 """
 
 from __future__ import annotations
@@ -11,10 +13,22 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.admin import create_admin_app
-from gateway.listener.connections import Pressure
+from gateway.filters.authn import presented_key
+from gateway.listener.connections import PRESSURE, Identify, Pressure
 from gateway.listener.edge import EDGE, ServerLog, guard
 from gateway.metrics import METRICS
-from gateway.policy.reload import HOLDER
+from gateway.policy.reload import HOLDER, PolicyHolder
+from gateway.policy.tenant_model import Tenant
+
+
+def identify(holder: PolicyHolder) -> Identify:
+    """The tenant a request's key authenticates (the connection caps' fairness), or None."""
+
+    def tenant_of(request: web.BaseRequest) -> Tenant | None:
+        key = presented_key(request)
+        return None if key is None else holder.runtime.tenant_for_key(key)
+
+    return tenant_of
 
 
 async def start(
@@ -23,6 +37,17 @@ async def start(
     """Start serving; `bound_port(runner)` tells which port (pass 0 for any)."""
     limits = app[HOLDER].runtime.policy.gateway.limits
     edge = app[EDGE]
+    pressure = app[PRESSURE] = Pressure(
+        limits.max_connections,
+        limits.max_connections_per_client,
+        app[METRICS],
+        identify(app[HOLDER]),
+    )
+
+    async def stop_ticking(_app: web.Application) -> None:
+        pressure.close()
+
+    app.on_cleanup.append(stop_ticking)
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
@@ -33,9 +58,7 @@ async def start(
     await runner.setup()
     assert runner.server is not None
     guard(runner.server, edge)
-    Pressure(limits.max_connections, limits.max_connections_per_client, app[METRICS]).install(
-        runner.server
-    )
+    pressure.install(runner.server)
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=1024)
     await site.start()
     return runner

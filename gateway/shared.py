@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from gateway.fleet.metrics import FLEET_METRICS
 from gateway.policy.model import Policy
+from gateway.policy.reload import HOLDER
 from gateway.state import LIMITER, METRICS, VERIFY
 
 if TYPE_CHECKING:
@@ -63,7 +64,11 @@ def open_shared(app: web.Application, policy: Policy) -> RedisLimits | None:
 
     store = app[SHARED] = SharedStore(settings, policy, app[FLEET_METRICS])
     verification = app[VERIFY]
-    verification.health = SharedHealthBoard(verification.state_dir / "health.json", store)
+
+    def backends() -> list[str]:
+        return [b.name for b in app[HOLDER].runtime.policy.backends]
+
+    verification.health = SharedHealthBoard(verification.state_dir / "health.json", store, backends)
     history = SharedHistory(store, verification.secret, policy.gateway.history)
     verification.use_history(history)  # one history for every replica
     app[METRICS].add_collector(SharedCollector(store))

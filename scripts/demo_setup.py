@@ -1,7 +1,9 @@
 """The demo scripts/up runs, in the private state directory .kvfence/: two tenants' API keys
 (minted once; each in api-keys/TENANT, for `ACME_KEY=$(cat .kvfence/api-keys/acme)`, and all in
 demo.json) and the policy for the ports given (rewritten every run, so each port is named once,
-on scripts/up's command line). `--print` shows how to call the gateway."""
+on scripts/up's command line), whose admin listener needs the token scripts/up keeps in
+secrets/admin-token (per-tenant metrics and quarantine releases are not for any local process).
+`--print` shows how to call the gateway."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def policy(port: int, admin_port: int, backend_port: int) -> str:
 version: 1
 gateway:
   listen: {{host: 127.0.0.1, port: {port}}}
-  admin: {{host: 127.0.0.1, port: {admin_port}}}
+  admin: {{host: 127.0.0.1, port: {admin_port}, token: {{file: secrets/admin-token}}}}
   namespace_keys:
     - {{id: ns1, secret: {{file: secrets/namespace-key}}, active: true}}
   api_key_pepper: {{file: secrets/pepper}}
@@ -86,7 +88,9 @@ def show(state: Path) -> None:
     demo = json.loads((state / "demo.json").read_text())
     url, acme = demo["gateway_url"], demo["keys"]["acme"]
     print(f"""
-kvfence is up. Gateway: {url}   (admin: {demo["admin_url"]}/status, /metrics)
+kvfence is up. Gateway: {url}   (admin: {demo["admin_url"]}/status, /metrics, with the token
+  in {state / "secrets" / "admin-token"}: .venv/bin/python -m kvfence.cli admin \\
+  --url {demo["admin_url"]} --token-file {state / "secrets" / "admin-token"} status)
   tenant acme:   {demo["keys"]["acme"]}
   tenant globex: {demo["keys"]["globex"]}
   (also in {state / "api-keys"}/: ACME_KEY=$(cat .kvfence/api-keys/acme))

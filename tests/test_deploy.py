@@ -16,6 +16,7 @@ import yaml
 
 from gateway.policy.load import load_policy
 from gateway.policy.model import OnSharedFailure, Policy
+from tests.kit.redis_server import GATEWAY_RULES, GATEWAY_USER
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
@@ -103,6 +104,7 @@ def _rebased(text: str, tmp_path: Path) -> Path:
         "gateway_signing_key": keys.folder / "gateway.key",
         "backend-trust.json": keys.folder / "gateway-trust.json",
         "backend_trust": keys.folder / "gateway-trust.json",
+        "redis_password": keys.folder / "audit.key",
     }
     for prefix in ("/etc/kvfence/secrets/", "/run/secrets/"):
         for name, path in files.items():
@@ -177,9 +179,33 @@ def test_compose_fleet_publishes_only_the_load_balancer() -> None:
     for name, service in services.items():
         public = [p for p in service.get("ports", []) if not p.startswith("127.0.0.1:")]
         assert bool(public) == (name == "lb"), f"{name} publishes {public}"
-    for name in ("backend-a", "backend-b", "redis"):
+    for name in ("backend-a", "backend-b"):
         assert services[name]["networks"] == ["fence"]
-    assert yaml.safe_load(COMPOSE.read_text())["networks"]["fence"]["internal"] is True
+    assert services["redis"]["networks"] == ["state"]  # the gateways' alone: no backend's
+    for name in ("gateway-a", "gateway-b"):
+        assert set(services[name]["networks"]) == {"edge", "fence", "state"}
+    networks = yaml.safe_load(COMPOSE.read_text())["networks"]
+    assert networks["fence"]["internal"] is True and networks["state"]["internal"] is True
+
+
+@pytest.mark.parametrize("where", ["compose", "k8s"])
+def test_redis_lets_in_only_the_gateways_acl_user(where: str) -> None:
+    """The rules the tests run Redis with (tests/kit/redis_server.py) are the deployed ones: the
+    default user off, the gateways' user with a password from a secret, no dangerous command."""
+    if where == "compose":
+        redis = yaml.safe_load(COMPOSE.read_text())["services"]["redis"]
+        command, policy = redis["command"][2], (ROOT / "policies" / "fleet.yaml").read_text()
+        assert redis["secrets"] == ["redis_password"]
+    else:
+        [redis] = named("Deployment", "kvfence-redis")["spec"]["template"]["spec"]["containers"]
+        command = redis["command"][2]
+        policy = named("ConfigMap", "kvfence-policy")["data"]["policy.yaml"]
+    words = command.split()
+    assert "user default off resetpass -@all" in " ".join(words)
+    assert f"user {GATEWAY_USER} on >%s {GATEWAY_RULES}" in " ".join(words)
+    assert "--protected-mode" not in words
+    shared = yaml.safe_load(policy)["gateway"]["shared"]["redis"]
+    assert shared["username"] == GATEWAY_USER and "redis_password" in shared["password"]["file"]
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,3 +40,23 @@ def test_the_sidecar_policy_loads_with_verification_on(
     assert vllm.verify is not None and vllm.verify.canary is not None
     assert vllm.verify.detective is not None and policy.gateway.admin.token is not None
     assert policy.gateway.state_dir == policies / "../.kvfence/sidecar/state"
+
+
+def test_the_demo_policy_of_scripts_up_puts_its_admin_listener_behind_a_token(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / ".kvfence"
+    (state / "secrets").mkdir(parents=True)
+    (state / "audit").mkdir()
+    (state / "anchor").mkdir()
+    for name in ("namespace-key", "pepper", "audit-key", "admin-token"):  # as scripts/up does
+        (state / "secrets" / name).write_text(name * 4)
+    for key, trust in (("gateway", "backend-trust"), ("backend", "gateway-trust")):
+        subprocess.run([sys.executable, "-m", "kvfence.cli", "keygen", "--id", key, "--out",
+                        str(state / "keys"), "--trust", str(state / "keys" / f"{trust}.json")],
+                       check=True, capture_output=True)  # fmt: skip
+    demo = [sys.executable, str(ROOT / "scripts" / "demo_setup.py"), str(state)]
+    subprocess.run(demo, check=True, env={"PYTHONPATH": str(ROOT)})
+    policy = load_policy(state / "policy.yaml")
+    token = policy.gateway.admin.token
+    assert token is not None and token.value == b"admin-token" * 4

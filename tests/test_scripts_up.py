@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -102,7 +103,12 @@ def test_scripts_up_from_a_fresh_clone(tmp_path: Path) -> None:
         curl = _printed_curl(output)
         assert f"http://127.0.0.1:{ports['--port']}/v1/chat/completions" in curl
         admin = f"http://127.0.0.1:{ports['--admin-port']}/status"
-        with urllib.request.urlopen(admin, timeout=10) as resp:
+        with pytest.raises(urllib.error.HTTPError) as refused:  # not for any local process
+            urllib.request.urlopen(admin, timeout=10)
+        assert refused.value.code == 401
+        token = (state / "secrets" / "admin-token").read_text().strip()
+        request = urllib.request.Request(admin, headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
             assert json.loads(resp.read())["ready"] is True
         assert oct((state / "api-keys" / "acme").stat().st_mode & 0o777) == "0o600"
         readme = _readme_commands(clone, ports["--port"])

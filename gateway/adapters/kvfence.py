@@ -2,13 +2,12 @@
 
 Invariant: every upstream request carries a fresh handle bound to one upstream request id, the
 namespace, the model and revision, the backend's audience and the digest of the exact body sent;
-the id is unique per request even when a client repeats its `x-request-id`, so a handle is never
-refused as a replay by accident.
+the id is the gateway's own, fresh for each attempt (never the client's `x-request-id`), so a
+handle is never refused as a replay by accident.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,7 +43,6 @@ class KvfenceAdapter(Adapter):
     def inject(self, path: str, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
         if self.signer is None or not self.audience:
             raise NotSupported("this gateway has no handle key for kvfence backends")
-        headers[UPSTREAM_ID_HEADER] = f"{headers[UPSTREAM_ID_HEADER]}.{secrets.token_hex(6)}"
 
     def bind(
         self,

@@ -4,7 +4,9 @@ anchor, its anchor; for a gateway run with `--workers N`, every worker's chain
 (`audit.wK.jsonl`) given the path the policy names. Prints the records per verdict. Exit 0
 when every chain is intact; 1 when one was tampered with (or cut, rolled back, pruned,
 missing); 2 when the key or the policy cannot be read; 3 when a log was written under another
-key."""
+key. Verdicts count each request's final record; a stream whose record was opened (before its
+first byte) and never completed is counted and said, not failed: the gateway stopped while it
+ran."""
 
 from __future__ import annotations
 
@@ -16,7 +18,13 @@ from pathlib import Path
 
 from gateway.audit.chain.chains import Chain, ChainsError, find_chains, policy_audit
 from gateway.audit.chain.format import mac_key
-from gateway.audit.chain.verify import AuditVerifyError, FileSummary, WrongKey, verify_chain
+from gateway.audit.chain.verify import (
+    AuditVerifyError,
+    FileSummary,
+    WrongKey,
+    unfinished,
+    verify_chain,
+)
 from kvfence.secrets import from_env, from_file
 
 OK, TAMPERED, UNUSABLE, WRONG_KEY = 0, 1, 2, 3
@@ -97,7 +105,12 @@ def _describe(summaries: list[FileSummary], anchored: bool) -> str:
         "would not be seen)"
     )
     n = len(summaries)
-    return f"ok: {records} records in {n} file(s), chain {start}, {recovered} recoveries, {checked}"
+    out = f"ok: {records} records in {n} file(s), chain {start}, {recovered} recoveries, {checked}"
+    cut = unfinished(summaries)
+    if cut:
+        out += (f"; {cut} stream(s) opened and never completed (the gateway stopped while "
+                "they ran, or they run now)")  # fmt: skip
+    return out
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,13 +1,16 @@
 """The server-sent events of a streamed answer as the response side reads them: where a complete
 event ends, a stream's first event (where our backend puts its attestation), an event's data,
-and the `data: [DONE]` line that ends chat and completions streams.
+and the `data: [DONE]` line that ends chat and completions streams; and what of an answer the
+client may see of attestations: nothing.
 
-Invariant: framing never changes a byte; `split_attestation_event` is the one place the
-attestation field is taken out of what the client gets.
+Invariant: framing never changes a byte; attestations are taken out of what the client gets
+here and nowhere else (`split_attestation_event` for the stream's first event, `strip_events`
+and `strip_body` for anything else, wherever a backend put one), in every audit mode.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 import orjson
@@ -17,6 +20,8 @@ from kvfence.attestation import ATTESTATION_EVENT, ATTESTATION_FIELD
 SSE: Final = "text/event-stream"
 DONE: Final = b"data: [DONE]"
 _EVENT_LINE: Final = b"event: " + ATTESTATION_EVENT.encode()
+_FIELD: Final = ATTESTATION_FIELD.encode()
+_EVENT_END: Final = re.compile(rb"(\r?\n\r?\n)")
 
 
 def first_event(buf: bytes) -> tuple[bytes, bytes] | None:
@@ -64,3 +69,55 @@ def done_at(events: bytes) -> int:
     while at > 0 and events[at - 1 : at] != b"\n":
         at = events.find(DONE, at + 1)
     return at
+
+
+def _without(data: Any) -> Any:
+    """JSON data without the attestation field, at any depth."""
+    if isinstance(data, dict):
+        return {k: _without(v) for k, v in data.items() if k != ATTESTATION_FIELD}
+    if isinstance(data, list):
+        return [_without(v) for v in data]
+    return data
+
+
+def _clean(event: bytes) -> bytes:
+    """One event without its attestation event name or field; empty when nothing else is left,
+    or when an attestation is in it in a form that cannot be taken out alone."""
+    lines = [ln for ln in event.splitlines() if ln.rstrip() != _EVENT_LINE]
+    kept = [ln for ln in lines if not ln.startswith(b"data:")]
+    if len(kept) < len(lines):
+        data = _without(event_data(event))
+        if data is None or data == {}:  # not JSON, or nothing but the attestation
+            return b""
+        kept.append(b"data: " + orjson.dumps(data))
+    cleaned = b"\n".join(kept)
+    return b"" if _FIELD in cleaned else cleaned
+
+
+def strip_events(events: bytes) -> bytes:
+    """Complete events as the client may have them: an event named for an attestation or
+    carrying the attestation field loses both (an event left with nothing is dropped); any
+    other event keeps its exact bytes."""
+    if _FIELD not in events and _EVENT_LINE not in events:
+        return events
+    parts = _EVENT_END.split(events)  # event, separator, event, separator, ..., tail
+    out = []
+    for i in range(0, len(parts), 2):
+        event, sep = parts[i], parts[i + 1] if i + 1 < len(parts) else b""
+        if _FIELD in event or _EVENT_LINE in event:
+            event = _clean(event)
+            if not event:
+                continue
+        out.append(event + sep)
+    return b"".join(out)
+
+
+def strip_body(body: bytes, parsed: Any) -> bytes:
+    """A plain answer as the client may have it: its JSON without the attestation field, at
+    any depth (`parsed`: the body as JSON, None when it is not); any other body loses the
+    lines that hold one. The same bytes when there is none."""
+    if _FIELD not in body:
+        return body
+    if parsed is not None:
+        return orjson.dumps(_without(parsed))
+    return b"\n".join(ln for ln in body.split(b"\n") if _FIELD not in ln)

@@ -5,8 +5,10 @@ the client gets, and settles the answer once (`gateway.audit.settle`).
 
 Invariant: the prompt is recorded in the detective's history before the request is forwarded
 and the answer's text right after the answer completes; no byte reaches the client before the
-judgement that allows it; `judge` and `settle` are called from here and nowhere else, and every
-exchange is settled exactly once, failures included.
+judgement that allows it, nor a stream's first byte before its record is open; `judge` and
+`settle` are called from here and nowhere else, and every exchange is settled exactly once,
+failures and clients that leave included. An answer that ends without its usage is charged what
+it is known to have cost (`estimate`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Final
 
 from aiohttp import web
 
-from gateway.audit.events import done_at, split_attestation_event
+from gateway.audit.events import done_at, split_attestation_event, strip_body, strip_events
 from gateway.audit.judge import (
     UNATTESTED,
     Answer,
@@ -28,7 +30,7 @@ from gateway.audit.judge import (
     is_plain_error,
     judge,
 )
-from gateway.audit.settle import VERDICT_HEADER, settle
+from gateway.audit.settle import VERDICT_HEADER, open_stream, settle
 from gateway.audit.usage import UsageScanner, parse_usage
 from gateway.errors import (
     AttestationRefused,
@@ -48,6 +50,7 @@ from gateway.state import (
     RUNTIME,
     TENANT,
     TIMING,
+    UPSTREAM_BODY,
     UPSTREAM_HEADERS,
 )
 from gateway.verify.detective import Observation
@@ -62,7 +65,7 @@ _NONE: Final[frozenset[str]] = frozenset()  # no public part: nearly every reque
 CLIENT_CLOSED: Final = 499  # the status recorded when the client leaves mid-stream
 SHAPE_EVERY: Final = 16  # one request in this many tells the watch its shape
 _LEFT: Final = {
-    "client_closed": "client closed the stream",
+    "client_closed": "client closed the connection before its answer ended",
     "client_stalled": "client stopped reading; stream cut",
 }
 
@@ -77,6 +80,7 @@ class Exchange:
         "_detective",
         "_done",
         "_observation",
+        "_relayed",
         "_request",
         "_scan",
         "_suspect",
@@ -85,6 +89,7 @@ class Exchange:
         "_withheld",
         "answer",
         "attested",
+        "body",
         "ctx",
         "first",
         "headers",
@@ -116,9 +121,11 @@ class Exchange:
         self._observation: Observation | None = None
         self._usage: UsageScanner | None = None  # a stream's, from its head on
         self.first = b""
+        self.body = b""  # a plain answer as the client gets it
         self._suspect = b""  # text that may start a canary marker, held for the next events
         self._done = b""  # `data: [DONE]` and what follows it, held until the answer settles
         self._withheld = False  # a judgement cut the stream
+        self._relayed = 0  # stream events handed to the client
 
     @classmethod
     async def start(cls, request: web.Request) -> Exchange:
@@ -159,7 +166,7 @@ class Exchange:
 
     async def plain(self, body: bytes, attestations: list[str]) -> web.Response | None:
         """A plain answer, whole, before a byte of it is sent: judged and settled. Returns the
-        local answer that replaces it when it is withheld, else None (send it with
+        local answer that replaces it when it is withheld, else None (send `body` with
         `headers`)."""
         answer = self.answer
         answer.attestations = list(attestations)
@@ -168,6 +175,7 @@ class Exchange:
         if not 200 <= answer.status < 300:
             answer.plain_error = is_plain_error(body)
         self._scan.body(body, parsed)
+        self.body = strip_body(body, parsed)
         await self._finish()
         self.judgement = judgement = judge(self.ctx, answer)
         self.headers = {
@@ -180,11 +188,13 @@ class Exchange:
         """A stream's first event (None: it never completed), read only when `attested`.
         Returns the local answer that replaces a withheld stream, else None: the stream goes
         on, with `headers`."""
+        first = b""
         if self.attested:
             if event is not None:
                 self._timing.first_event = time.perf_counter()
-            token, self.first = split_attestation_event(event) if event is not None else (None, b"")
+            token, first = split_attestation_event(event) if event is not None else (None, b"")
             self.answer.attestations.append(token)
+            self.first = strip_events(first)
         # Usage waits for the judgement when the detective audits the answer: a withheld
         # answer's cached-token count never reaches the client.
         self._usage = UsageScanner(self._request[DROP_USAGE], hold=self._observation is not None)
@@ -195,8 +205,10 @@ class Exchange:
         }
         if judgement.blocked:
             return await settle(self._request, self.ctx, self.answer, judgement)
-        if self.first:
-            self._scan.events(self.first)
+        await open_stream(self._request, self.ctx, self.answer, judgement)  # or nothing is sent
+        if first:
+            self._scan.events(first)  # as the backend sent it: a second attestation counts
+            self._relayed += self.first.count(b"data:")
         return None
 
     def events(self, chunk: bytes) -> bytes:
@@ -220,6 +232,7 @@ class Exchange:
                 if self.judgement.blocked:  # cut before this chunk reaches the client
                     self._withheld = True
                     raise _refused(self.judgement)
+            out = strip_events(out)  # scanned as sent, relayed without any attestation
             # Text that may be the start of a canary marker waits for the next events.
             if scan.marker_started:
                 out, self._suspect = b"", self._suspect + out
@@ -231,6 +244,7 @@ class Exchange:
             cut = done_at(out)
             if cut >= 0:
                 out, self._done = out[:cut], out[cut:]
+        self._relayed += out.count(b"data:")
         return out
 
     async def end(self) -> bytes:
@@ -266,6 +280,7 @@ class Exchange:
             log.warning("stream cut", extra=fields)
             if not self._withheld:
                 self.answer.prompt_tokens = self._usage.prompt_tokens
+        self.estimate(sent=bool(self.answer.status))
         with contextlib.suppress(AuditWriteFailed):
             await settle(
                 self._request,
@@ -277,15 +292,16 @@ class Exchange:
             )
 
     async def left(self, reason: str) -> None:
-        """The client left (`client_closed`) or stopped reading (`client_stalled`) mid-stream:
-        the answer is settled with status 499 and `reason`, even while the handler is being
-        cancelled."""
+        """The client left (`client_closed`) or stopped reading (`client_stalled`), before its
+        answer or mid-stream: the answer is settled with status 499 and `reason`, even while the
+        handler is being cancelled."""
         if self.answer.settled:
             return
         log.info(_LEFT[reason], extra={"rid": self.ctx.request_id})
         if self._usage is not None:
             self.answer.prompt_tokens = self._usage.prompt_tokens
             self.answer.cached_tokens = self._usage.cached_tokens
+        self.estimate(sent=bool(self._timing.upstream_sent))
         left = settle(
             self._request,
             self.ctx,
@@ -296,6 +312,21 @@ class Exchange:
         )
         with contextlib.suppress(AuditWriteFailed):
             await asyncio.shield(left)
+
+    def estimate(self, sent: bool) -> None:
+        """What an answer that ended without its usage is charged: one token per event the
+        client got, and, once the request was `sent` to the backend, its prompt (as the usage
+        or the attestation gave it, else a quarter of the body's bytes: high rather than low)."""
+        answer = self.answer
+        if answer.total_tokens is not None:
+            return
+        prompt = answer.prompt_tokens
+        att = self.judgement.attestation
+        if prompt is None and att is not None:
+            prompt = att.prompt_tokens
+        if prompt is None:
+            prompt = len(self._request[UPSTREAM_BODY]) // 4
+        answer.estimated_tokens = self._relayed + (prompt if sent else 0)
 
     async def _finish(self) -> None:
         """The answer is complete: the detective judges its reported hit and records its text

@@ -69,6 +69,7 @@ class Answer:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     total_tokens: int | None = None  # prompt + completion, for a tokens-per-minute limit
+    estimated_tokens: int = 0  # charged instead when the answer ended without its usage
     markers: int = 0  # live canary markers found in the answer's text
     finding: Finding | None = None  # the detective's: who explains the reported hit
     settled: bool = False  # set by `settle`, which runs once per request
@@ -147,16 +148,24 @@ def is_plain_error(body: bytes) -> bool:
 
 
 def record(
-    ctx: AuditContext, answer: Answer, judgement: Judgement, status: int, reason: str | None
+    ctx: AuditContext,
+    answer: Answer,
+    judgement: Judgement,
+    status: int,
+    reason: str | None,
+    phase: str = "final",
 ) -> dict[str, Any]:
     """One audit log record: `status` is what the client got, `reason` why it is not the
-    backend's answer (a local error code), if it is not. Digests only, never a namespace."""
+    backend's answer (a local error code), if it is not. `phase`: `open` for a stream's record
+    written before its first byte (its `final` one follows), `final` for every request's last.
+    Digests only, never a namespace."""
     att = judgement.attestation
     allowed = ctx.public | {ctx.namespace}
     foreign = [] if att is None else [n for n in att.block_namespaces if n not in allowed]
     public = 0 if att is None else sum(n for name, n in att.block_runs if name in ctx.public)
     return {
         "time": round(time.time(), 3),
+        "phase": phase,
         "request_id": ctx.request_id,
         "upstream_id": ctx.upstream_id,
         "tenant": ctx.tenant,

@@ -1,11 +1,13 @@
-"""Settle: the one place a judgement becomes what the client gets and one audit record: the
-verdict is counted, logged when it is not clean, and written to the audit log; a violation is
-reported to the watch (a live marker quarantines; a detective finding triggers a canary round
-shaped like the request); a withheld answer is replaced by a local error. Only the exchange
-calls it.
+"""Settle: the one place a judgement becomes what the client gets and its final audit record:
+the verdict is counted, logged when it is not clean, and written to the audit log; a violation
+is reported to the watch (a live marker quarantines; a detective finding triggers a canary round
+shaped like the request); a withheld answer is replaced by a local error. Before a stream's
+first byte, `open_stream` writes the record that settling it completes. Only the exchange calls
+either.
 
-Invariant: every request that reached the upstream step is settled exactly once; a record that
-cannot be written raises `AuditWriteFailed`, so the answer fails closed.
+Invariant: every request that reached the upstream step is settled exactly once; a stream's
+record is opened before a byte of it reaches the client; a record that cannot be written raises
+`AuditWriteFailed`, so the answer fails closed (a stream before its first byte).
 """
 
 from __future__ import annotations
@@ -67,19 +69,13 @@ async def settle(
         )
         status, reason = refusal.status, refusal.code
     final_status = answer.status if status is None else status
-    if answer.total_tokens:
-        request[USED_TOKENS] = answer.total_tokens
+    if answer.total_tokens or answer.estimated_tokens:
+        request[USED_TOKENS] = answer.total_tokens or answer.estimated_tokens
     _count(request.app[METRICS], ctx, answer, judgement)
     entry = record(ctx, answer, judgement, final_status, reason)
     if judgement.verdict not in _QUIET:
         log.warning("audit verdict", extra={"rid": ctx.request_id, **entry})
-    settings = request[RUNTIME].policy.gateway.audit_log
-    try:
-        await request.app[AUDIT_SINK].append(settings, entry)
-    except AuditWriteError as exc:
-        request.app[METRICS].audit_failures.inc()
-        log.error("audit write failed", extra={"rid": ctx.request_id, "error": str(exc)})
-        raise AuditWriteFailed("the audit record could not be written") from None
+    await _write(request, ctx, entry)
     if ctx.verifier is None and ctx.backend.verify is not None:
         await _report(request, ctx, answer)
     if refusal is None:
@@ -107,3 +103,22 @@ async def _report(request: web.Request, ctx: AuditContext, answer: Answer) -> No
     elif answer.finding is not None and answer.finding.verdict is not None:
         shape = of_request(request.path, request[BODY], answer.prompt_tokens)
         await watch.finding(ctx.backend, ctx.tenant, shape, answer.finding)
+
+
+async def open_stream(
+    request: web.Request, ctx: AuditContext, answer: Answer, judgement: Judgement
+) -> None:
+    """A stream's record, written before its first byte (`phase: open`, the verdict at its
+    head); settling the stream writes its final one. Raises AuditWriteFailed when it cannot be
+    written: the stream is then refused before any token."""
+    await _write(request, ctx, record(ctx, answer, judgement, answer.status, None, "open"))
+
+
+async def _write(request: web.Request, ctx: AuditContext, entry: dict[str, object]) -> None:
+    settings = request[RUNTIME].policy.gateway.audit_log
+    try:
+        await request.app[AUDIT_SINK].append(settings, entry)
+    except AuditWriteError as exc:
+        request.app[METRICS].audit_failures.inc()
+        log.error("audit write failed", extra={"rid": ctx.request_id, "error": str(exc)})
+        raise AuditWriteFailed("the audit record could not be written") from None

@@ -1,9 +1,10 @@
 """The open audit log of the running policy: opened once, kept across reloads whose audit log
 settings are unchanged, reopened when they change (the old one closed first: it holds its
-chain's lock).
+chain's lock), and reopened after it failed (a full disk, say), at most every `RETRY_S`.
 
 Invariant: a record is written to the log of the policy snapshot its request was served under;
-a log that cannot be opened or written fails the request closed.
+a log that cannot be opened or written fails the request closed, and a log that failed counts
+as writable again only once a record saying it resumed (`audit_resumed`) is written.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -22,6 +24,7 @@ from gateway.policy.model import AuditLogSettings
 
 log = logging.getLogger("kvfence.gateway.audit")
 _UNSET = object()
+RETRY_S: Final = 1.0  # how often a failed log is reopened
 __all__ = ["AUDIT_SINK", "AuditSink", "audit_sink_ctx", "open_log", "worker_path"]
 
 
@@ -46,9 +49,13 @@ class AuditSink:
         self._worker = worker
         self._log = open_log(settings, worker) if settings is not None else None
         self._lock = asyncio.Lock()
+        self._retry_at = 0.0
+        self._closed = False
 
     async def _current(self, settings: AuditLogSettings | None) -> AuditLog | None:
         if settings == self._settings and not self._lock.locked():
+            if self._log is not None and self._log.failed is not None and settings is not None:
+                await self._resume(settings)
             return self._log
         async with self._lock:  # callers wait while a log is switched
             if settings != self._settings:
@@ -59,6 +66,38 @@ class AuditSink:
                     self._log = await asyncio.to_thread(open_log, settings, self._worker)
                 self._settings = settings
             return self._log
+
+    async def _resume(self, settings: AuditLogSettings) -> None:
+        """Reopen a log that failed (recovered as at a start), at most every `RETRY_S`."""
+        now = time.monotonic()
+        if self._closed or now < self._retry_at:
+            return
+        self._retry_at = now + RETRY_S
+        async with self._lock:
+            old = self._log
+            if old is None or old.failed is None or settings != self._settings:
+                return
+            await old.close()
+            try:
+                new = await asyncio.to_thread(open_log, settings, self._worker)
+            except AuditWriteError as exc:
+                log.error("audit log still cannot be written", extra={"error": str(exc)})
+                return
+            self._log = new
+            with contextlib.suppress(AuditWriteError):
+                await new.append({"event": "audit_resumed", "after": old.failed,
+                                  "time": round(time.time(), 3)})  # fmt: skip
+                log.warning("audit log resumed", extra={"after": old.failed})
+
+    async def unwritable(self, settings: AuditLogSettings | None) -> str | None:
+        """Why no record can be written now (once a failed log was tried again), or None."""
+        if settings is None:
+            return None
+        try:
+            current = await self._current(settings)
+        except (AuditWriteError, OSError) as exc:
+            return str(exc)
+        return "the audit log is not open" if current is None else current.failed
 
     async def append(self, settings: AuditLogSettings | None, record: dict[str, Any]) -> bool:
         """Write `record` to the log `settings` name; False when no log is configured. Raises
@@ -83,6 +122,7 @@ class AuditSink:
             await self.append(settings, record)
 
     async def close(self) -> None:
+        self._closed = True
         if self._log is not None:
             await self._log.close()
 

@@ -1,11 +1,14 @@
 """Adapter step: the upstream headers, the backend's namespace injection, usage for streams, and
 the exact upstream body bytes (which a kvfence handle is then signed over).
 
-Invariant: `UPSTREAM_BODY` is the last form of the body: nothing changes what is sent after it.
+Invariant: `UPSTREAM_BODY` is the last form of the body: nothing changes what is sent after it;
+the backend gets the gateway's own request id, fresh for each attempt (the client's
+`x-request-id` stays in the gateway's log and audit record, never upstream).
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from aiohttp import web
@@ -19,7 +22,6 @@ from gateway.state import (
     DROP_USAGE,
     NAMESPACE,
     PUBLIC,
-    REQUEST_ID,
     ROUTE,
     RUNTIME,
     TENANT,
@@ -41,7 +43,7 @@ def _ask_for_usage(body: dict[str, Any]) -> bool:
 
 async def inject(request: web.Request) -> None:
     route, body = request[ROUTE], request[BODY]
-    headers = {"content-type": "application/json", "x-request-id": request[REQUEST_ID]}
+    headers = {"content-type": "application/json", "x-request-id": secrets.token_hex(16)}
     if route.backend.api_key is not None:
         headers["authorization"] = "Bearer " + route.backend.api_key.value.decode()
     ns = request[NAMESPACE]

@@ -1,15 +1,17 @@
-"""Authentication: the presented API key must map to exactly one tenant (deny by default)."""
+"""Authentication: the presented API key must map to exactly one tenant (deny by default). The
+listener's connection caps may have looked the key up already (`IDENTIFIED`): taken as found."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
 from gateway.errors import Unauthenticated
+from gateway.listener.connections import IDENTIFIED
 from gateway.metrics import METRICS
 from gateway.state import RUNTIME, TENANT
 
 
-def _presented_key(request: web.Request) -> str | None:
+def presented_key(request: web.BaseRequest) -> str | None:
     """One key from `Authorization: Bearer` or `x-api-key`; several different ones is none."""
     headers = request.headers
     authorization = headers.getall("authorization", ())
@@ -29,11 +31,12 @@ def _presented_key(request: web.Request) -> str | None:
 
 
 async def authenticate(request: web.Request) -> None:
-    key = _presented_key(request)
+    key = presented_key(request)
     if key is None:
         request.app[METRICS].auth_failures.labels("missing").inc()
         raise Unauthenticated("missing API key: send Authorization: Bearer <key> or x-api-key")
-    tenant = request[RUNTIME].tenant_for_key(key)
+    seen = request.get(IDENTIFIED)
+    tenant = seen.tenant if seen is not None else request[RUNTIME].tenant_for_key(key)
     if tenant is None:
         request.app[METRICS].auth_failures.labels("unknown").inc()
         raise Unauthenticated("invalid API key")

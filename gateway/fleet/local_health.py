@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import fcntl
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ class Health:
     canary_shapes: Sequence[str] = ()  # the shapes of the recent rounds, newest last
     counter: str = ""  # what rounds learned of the cached-token count (verify.canary)
     triggered: int = 0  # rounds tenants' answers triggered
+    updated_at: float = 0.0  # when a gateway last changed it (its clock): the newest one wins
 
     def as_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -58,6 +60,17 @@ class Health:
 
 
 NEVER_CHECKED: Final = Health()  # a backend with no entry yet (read on every request: built once)
+
+
+def stamped(before: Health, after: Health) -> Health:
+    """`after` dated now, and always later than `before`: a change is newer than what it
+    changed, whatever the clocks of the gateways that made the two."""
+    return dataclasses.replace(after, updated_at=max(time.time(), before.updated_at + 0.001))
+
+
+def newest(held: Health, found: Health | None) -> Health:
+    """The newer of two states of one backend (`held` on a tie)."""
+    return found if found is not None and found.updated_at > held.updated_at else held
 
 
 class HealthBoard:
@@ -94,16 +107,17 @@ class HealthBoard:
             await asyncio.to_thread(self._load)
 
     def _update_locked(
-        self, backend: str, change: Callable[[Health], Health]
+        self, backend: str, change: Callable[[Health], Health], stamp: bool = True
     ) -> tuple[Health, Health]:
-        """Apply `change` to the backend's state under the lock; returns (before, after)."""
+        """Apply `change` to the backend's state under the lock (dated now unless `stamp` is
+        False: a state taken as it is); returns (before, after)."""
         fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             self._seen = None
             self._load()
-            before = self.get(backend)
-            after = change(before)
+            before = self.view.get(backend) or NEVER_CHECKED
+            after = stamped(before, change(before)) if stamp else change(before)
             view = {**self.view, backend: after}
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
             tmp.write_bytes(orjson.dumps({k: v.as_json() for k, v in view.items()}))

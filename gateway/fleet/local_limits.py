@@ -1,6 +1,6 @@
-"""Per-tenant limits that every worker of one gateway shares: a token bucket for requests per
-second, a count of requests in flight, and a token bucket for tokens per minute charged from
-each answer's usage. A memory-mapped table in the state directory, changed under `flock`.
+"""Per-tenant limits that every worker of one gateway shares: each tenant's allowance
+(`bucket`: requests per second, in flight, tokens per minute charged from each answer) in a
+memory-mapped table in the state directory, changed under `flock`.
 
 Invariant: an admission is a read-modify-write under the lock, so N workers give a tenant the
 allowance one would, never N times it; a refusal says how long to wait (`retry_after_s`).
@@ -15,12 +15,13 @@ import os
 import struct
 import time
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from aiohttp import web
 
+from gateway.fleet import bucket
+from gateway.fleet.bucket import Allowance, Refusal
 from gateway.policy.tenant_model import TenantLimits
 
 _SLOT: Final = struct.Struct(
@@ -30,11 +31,7 @@ _HEAD: Final = struct.Struct("<8sqd")  # magic, slots, generation (the gateway s
 MAGIC: Final = b"KVFLIM01"
 SLOTS: Final = 4096
 
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    reason: str  # requests_per_s | concurrent | tokens_per_min
-    retry_after_s: float
+__all__ = ["LIMITS", "Refusal", "SharedLimits"]
 
 
 class SharedLimits:
@@ -105,40 +102,25 @@ class SharedLimits:
         try:
             slot = self._slot(tenant)
             name, rps, rps_t, tpm, flight, tpm_t = self._read(slot)
-            rps = _refill(rps, rps_t, now, limits.requests_per_s, limits.burst)
-            tpm = _refill(tpm, tpm_t, now, limits.tokens_per_min / 60.0, limits.tokens_per_min)
-            refusal = None
-            if limits.concurrent and flight >= limits.concurrent:
-                refusal = Refusal("concurrent", 1.0)
-            elif limits.requests_per_s and rps < 1.0:
-                refusal = Refusal("requests_per_s", (1.0 - rps) / limits.requests_per_s)
-            elif limits.tokens_per_min and tpm <= 0.0:
-                refusal = Refusal("tokens_per_min", -tpm / (limits.tokens_per_min / 60.0) + 0.001)
-            if refusal is None:
-                rps, flight = rps - 1.0, flight + 1
-            self._write(slot, name, rps, now, tpm, flight, now)
+            state, refusal = bucket.admit(Allowance(rps, rps_t, tpm, tpm_t, flight), limits, now)
+            self._store(slot, name, state)
             return refusal
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def release(self, tenant: str, tokens: int = 0, now: float | None = None) -> None:
         """The request ended: free its concurrency slot and charge the tokens it used."""
-        now = time.time() if now is None else now
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             slot = self._slot(tenant)
             name, rps, rps_t, tpm, flight, tpm_t = self._read(slot)
-            self._write(slot, name, rps, rps_t, tpm - tokens, max(0, flight - 1), tpm_t)
+            state = bucket.charge(Allowance(rps, rps_t, tpm, tpm_t, flight), tokens)
+            self._store(slot, name, state)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
+    def _store(self, slot: int, name: bytes, state: Allowance) -> None:
+        self._write(slot, name, state.rps, state.rps_at, state.tpm, state.flight, state.tpm_at)
+
 
 LIMITS = web.AppKey("kvfence_limits", SharedLimits)
-
-
-def _refill(level: float, since: float, now: float, rate: float, cap: float) -> float:
-    if rate <= 0:
-        return math.inf
-    if math.isinf(level):
-        return cap  # a fresh slot starts full
-    return min(cap, level + max(0.0, now - since) * rate)

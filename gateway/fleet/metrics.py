@@ -21,6 +21,13 @@ class FleetMetrics:
             ["op"],
             registry=r,
         )
+        self.shared_refused = Counter(
+            p + "shared_state_refused",
+            "Shared values not taken (missing, invalid: forged, moved or future-dated, older "
+            "than one this worker saw): what this worker knows was written back instead",
+            ["what", "why"],
+            registry=r,
+        )
         self.shared_fallbacks = Counter(
             p + "shared_state_fallbacks",
             "Decisions taken without the shared state, by what was decided and how",

@@ -1,10 +1,12 @@
-"""The connection to the Redis that gateway replicas share: key names, reachability, and the
-one place a Redis failure is caught, logged (once per change) and counted.
+"""The connection to the Redis that gateway replicas share: key names, the sealer of every
+value, reachability, and the one place a Redis failure is caught, logged (once per change) and
+counted.
 
-Invariant: no key name carries a tenant id or backend name in the clear (each is an HMAC under
-a key derived from the active namespace key), and no value holds a prompt, key or credential;
-every command has a deadline (`shared.redis.timeout_s`), so an unreachable Redis costs a
-request at most that long.
+Invariant: no key name or value carries a tenant id or backend name in the clear (names are
+HMACs, values are sealed with the name bound into their tag), and no value holds a prompt, key
+or credential; both derive from the gateway's API-key pepper (`shared_secret`), so whoever can
+only reach Redis can neither read a name nor write a value a gateway accepts; every command has
+a deadline (`shared.redis.timeout_s`), so an unreachable Redis costs a request at most that long.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import hmac
 import logging
 import time
 from collections.abc import Awaitable
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -23,28 +25,48 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.fleet.metrics import FleetMetrics
+from gateway.fleet.sealed import Sealer
 from gateway.fleet.unavailable import SharedUnavailable
 from gateway.policy.model import OnSharedFailure, Policy, SharedSettings
 
 T = TypeVar("T")
-PREFIX: Final = "kvf1:"
+PREFIX: Final = "kvf2:"  # v2: names under the pepper, every value sealed
 log = logging.getLogger("kvfence.gateway.shared")
+
+
+def shared_secret(policy: Policy) -> bytes:
+    """The secret the shared state's names and seals derive from: the API-key pepper, which
+    every replica holds and which changes only with every tenant's key digest (so rotating the
+    namespace key leaves the shared state readable; docs/fleet.md says how to rotate it)."""
+    return hmac.new(
+        policy.gateway.api_key_pepper.value, b"kvfence shared state v2", hashlib.sha256
+    ).digest()
+
+
+def as_bytes(value: bytes | str | None) -> bytes | None:
+    """A value as Redis returned it (bytes: the client never decodes)."""
+    return value.encode() if isinstance(value, str) else value
 
 
 class SharedStore:
     def __init__(self, settings: SharedSettings, policy: Policy, metrics: FleetMetrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._name_key = hmac.new(
-            policy.gateway.active_key.secret.value, b"kvfence shared state v1", hashlib.sha256
-        ).digest()
+        secret = shared_secret(policy)
+        self._name_key = hmac.new(secret, b"names", hashlib.sha256).digest()
+        self.sealer = Sealer(hmac.new(secret, b"values", hashlib.sha256).digest())
         password = settings.password.value.decode() if settings.password is not None else None
+        tls: dict[str, Any] = {}
+        if settings.ca_file is not None:
+            tls = {"ssl_ca_certs": str(settings.ca_file), "ssl_cert_reqs": "required"}
         self.client = aioredis.Redis.from_url(
             settings.redis_url,
+            username=settings.username,
             password=password,
             socket_timeout=settings.timeout_s,
             socket_connect_timeout=settings.timeout_s,
             retry=Retry(NoBackoff(), 0),  # one try: on_failure decides, not a retry loop
+            **tls,
         )
         self.up: bool | None = None  # None: not tried yet
         self.since = time.time()

@@ -17,6 +17,7 @@ from gateway.policy.secrets import resolve
 
 _F = frozenset
 _REDIS_URL_RE = re.compile(r"^(redis|rediss)://([A-Za-z0-9._-]+)(:\d{1,5})?(/\d{1,2})?$")
+_USER_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 def read_routing(node: Node) -> RoutingSettings:
@@ -34,13 +35,28 @@ def read_routing(node: Node) -> RoutingSettings:
 
 def read_shared(node: Node, env: Mapping[str, str], base: Path) -> SharedSettings:
     f = node.mapping(_F({"redis"}), _F({"on_failure"}))
-    r = f["redis"].mapping(_F({"url"}), _F({"password", "timeout_s", "lease_s"}))
+    r = f["redis"].mapping(
+        _F({"url"}), _F({"password", "username", "ca_file", "timeout_s", "lease_s"})
+    )
     url = r["url"].text(_REDIS_URL_RE, "like redis://host:6379/0 (a password goes in password:)")
+    if "username" in r and "password" not in r:
+        r["username"].fail("an ACL user needs its password (password: {file: ...})")
+    if "ca_file" in r and not url.startswith("rediss://"):
+        r["ca_file"].fail("needs a rediss:// url (TLS)")
     return SharedSettings(
         url,
         **optional(r, password=lambda n: resolve(n, env, base, 1)),
+        **optional(r, username=lambda n: n.text(_USER_RE, "of [A-Za-z0-9._-], at most 64")),
+        **optional(r, ca_file=lambda n: _ca_file(n, base)),
         **optional(f, on_failure=lambda n: OnSharedFailure(n.choice(tuple(OnSharedFailure)))),
         **optional(
             r, timeout_s=lambda n: n.number(0.01, 30.0), lease_s=lambda n: n.number(10.0, 86400.0)
         ),
     )
+
+
+def _ca_file(node: Node, base: Path) -> Path:
+    path = base / node.text()
+    if not path.is_file():
+        node.fail(f"cannot read {path}: not a file (the PEM bundle of Redis's CA)")
+    return path

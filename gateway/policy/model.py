@@ -142,6 +142,8 @@ class SharedSettings:
 
     redis_url: str
     password: Secret | None = None
+    username: str | None = None  # a Redis ACL user (with `password`); None: the default user
+    ca_file: Path | None = None  # rediss:// only: the CA that signed Redis's certificate
     on_failure: OnSharedFailure = OnSharedFailure.CLOSED
     timeout_s: float = 0.5  # per Redis command
     lease_s: float = 600.0  # an in-flight count a dead replica left expires after this

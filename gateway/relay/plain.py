@@ -3,7 +3,8 @@ moves bytes: what they mean, and what the client may have of them, the request's
 decides (`gateway.audit.exchange`).
 
 Invariant: no byte of a plain answer reaches the client before the exchange has settled it,
-and an attempt that fails is settled by the exchange before its error is raised.
+and an attempt that fails, or whose client leaves, is settled by the exchange before its error
+(or the cancel) goes on.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ async def _relay(
     if withheld is not None:
         return withheld
     headers = {"content-type": upstream.content_type, **exchange.headers}
-    return web.Response(body=body, status=upstream.status, headers=headers)
+    return web.Response(body=exchange.body, status=upstream.status, headers=headers)
 
 
 async def forward(request: web.Request, exchange: Exchange) -> web.StreamResponse:
@@ -75,4 +76,7 @@ async def forward(request: web.Request, exchange: Exchange) -> web.StreamRespons
             upstream.release()
     except GatewayError as exc:
         await exchange.fail(exc)  # the record says how it failed; then the client hears it
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        await exchange.left("client_closed")  # the client went away: its request is recorded
         raise

@@ -1,7 +1,9 @@
 """Whether each backend is up: every worker checks each backend's health path (its adapter's
 `health_path`: `/readyz` for ours, `/health` for vLLM and most servers) every `INTERVAL_S` in the
-background. `/readyz` answers 503 while a backend the policy marks `required` (the default) is
-down; the admin `/status` and `/metrics` show every backend's state.
+background. `/readyz` answers 503 while this worker cannot serve: a backend the policy marks
+`required` (the default) is down, no audit record can be written, or the shared state is out of
+reach under `on_failure: closed`; a worker that is only busy stays ready (and says so). The
+admin `/status` and `/metrics` show every backend's state.
 
 Invariant: a backend is up only once a check got an answer below 500; one failed check marks it
 down. Before the first round of checks ends no backend counts as up, so readiness never claims
@@ -23,7 +25,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.adapters.registry import ADAPTERS
+from gateway.audit.sink import AUDIT_SINK
 from gateway.errors import NotReady
+from gateway.fleet.limiter import LIMITER
+from gateway.listener.load import busy
 from gateway.policy.backend_model import Backend
 from gateway.policy.model import Policy
 from gateway.policy.reload import HOLDER, PolicyHolder
@@ -111,13 +116,29 @@ class Liveness:
 LIVENESS = web.AppKey("kvfence_liveness", Liveness)
 
 
-async def readyz(request: web.Request) -> web.Response:
-    """200 while every required backend is up; else 503, without naming them (the tenant port
-    is public: the admin `/status` says which are down and why)."""
-    down = await request.app[LIVENESS].ready(request[RUNTIME].policy)
+async def broken(app: web.Application, policy: Policy) -> list[str]:
+    """What keeps this worker from serving, in words (empty: nothing)."""
+    out = []
+    down = await app[LIVENESS].ready(policy)
     if down:
-        raise NotReady(f"not ready: {len(down)} required backend(s) down (see the admin /status)")
-    return web.Response(text="ready\n")
+        out.append(f"{len(down)} required backend(s) down")
+    if await app[AUDIT_SINK].unwritable(policy.gateway.audit_log) is not None:
+        out.append("no audit record can be written")
+    store = app[LIMITER].store
+    if store is not None and store.closed and store.up is False:
+        out.append("the shared state is out of reach (on_failure: closed)")
+    return out
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """200 while this worker can serve, busy or not (the body says which caps are reached);
+    else 503 saying what is broken, without naming backends (the tenant port is public: the
+    admin `/status` says which are down and why)."""
+    found = await broken(request.app, request[RUNTIME].policy)
+    if found:
+        raise NotReady(f"not ready: {'; '.join(found)} (see the admin /status)")
+    at = busy(request.app)
+    return web.Response(text=f"ready, busy: {', '.join(at)}\n" if at else "ready\n")
 
 
 class LivenessCollector(Collector):

@@ -121,7 +121,8 @@ async def shared_board(fleet: Fleet) -> Any:
     assert policy.gateway.shared is not None
     store = SharedStore(policy.gateway.shared, policy, FleetMetrics(Metrics()))
     try:
-        yield SharedHealthBoard(fleet.keys.folder / "unused-health.json", store)
+        names = [b.name for b in policy.backends]
+        yield SharedHealthBoard(fleet.keys.folder / "unused-health.json", store, lambda: names)
     finally:
         await store.close()
 

@@ -47,7 +47,7 @@ async def cached_of(
 
 def records(stack: Stack) -> list[dict[str, Any]]:
     rows = map(orjson.loads, stack.audit_log.read_bytes().splitlines())
-    return [r for r in rows if r.get("kind") == "record"]
+    return [r for r in rows if r.get("kind") == "record" and r.get("phase") != "open"]
 
 
 def log_verifies(stack: Stack) -> bool:

@@ -35,7 +35,11 @@ def cached(body: dict[str, Any]) -> int:
 
 def records(stack: Stack) -> list[dict[str, Any]]:
     lines = stack.audit_log.read_bytes().splitlines()
-    return [r for r in map(orjson.loads, lines) if r.get("kind") == "record"]
+    return [
+        r
+        for r in map(orjson.loads, lines)
+        if r.get("kind") == "record" and r.get("phase") != "open"
+    ]
 
 
 def verify_log(stack: Stack) -> int:
@@ -144,7 +148,8 @@ async def test_monitor_mode_passes_the_violation_and_records_it(
 class FakeAttestingBackend:
     """A fake kvfence backend: checks the handle like the real one, then answers with an
     attestation that is `good`, `forged` (an untrusted key), `stale` (another request) or
-    `absent`."""
+    `absent`; or a good one misplaced: also `in_body` (a plain answer's JSON), `after_comment`
+    (a stream's first event is a comment), `later_event` (after a first text event)."""
 
     def __init__(self, keys: Keys, mode: str) -> None:
         self.mode = mode
@@ -168,16 +173,23 @@ class FakeAttestingBackend:
         handle.check_model(body["model"])
         token = self.attestation(handle.request_id, handle.namespace.value)
         usage = {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9}
-        chunk = {"choices": [{"index": 0, "text": "SECRET"}], "usage": usage}
+        chunk: dict[str, Any] = {"choices": [{"index": 0, "text": "SECRET"}], "usage": usage}
         if not body.get("stream"):
             headers = {ATTESTATION_HEADER: token} if token else {}
+            if self.mode == "in_body":
+                chunk["choices"][0]["kvfence_attestation"] = token
             return web.json_response(chunk, headers=headers)
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
+        text = b"data: " + orjson.dumps(chunk) + b"\n\n"
+        if self.mode == "after_comment":
+            await resp.write(b": keep-alive\n\n")
+        if self.mode == "later_event":
+            await resp.write(text)
         if token:
             head = {"choices": [{"index": 0, "text": ""}], "kvfence_attestation": token}
             await resp.write(b"event: kvfence-attestation\ndata: " + orjson.dumps(head) + b"\n\n")
-        await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n")
+        await resp.write((b"" if self.mode == "later_event" else text) + b"data: [DONE]\n\n")
         return resp
 
 
@@ -198,6 +210,22 @@ async def test_a_bad_attestation_withholds_every_token(
         assert record["verdict"] == verdict and record["blocked"]
 
 
+@pytest.mark.parametrize("audit", ["monitor", "enforce"])
+@pytest.mark.parametrize("mode", ["in_body", "after_comment", "later_event"])
+async def test_an_attestation_in_any_place_never_reaches_the_client(
+    keys: Keys, mode: str, audit: str
+) -> None:
+    fake = FakeAttestingBackend(keys, mode)
+    async with running_stack(fake.app, keys, "tiny", audit=audit) as stack:
+        body = completion(stream=mode != "in_body")
+        resp = await stack.post("acme", body, path="/v1/completions")
+        raw = await resp.read()
+        assert b"kvfence_attestation" not in raw and b"kvfence-attestation" not in raw
+        assert not any(k.lower().startswith("x-kvfence-attestation") for k in resp.headers)
+        if audit == "monitor":  # the answer passes, recorded; the attestation does not
+            assert resp.status == 200 and b"SECRET" in raw
+
+
 async def test_a_good_fake_attestation_passes(keys: Keys) -> None:
     fake = FakeAttestingBackend(keys, "good")
     async with running_stack(fake.app, keys, "tiny") as stack:
@@ -213,10 +241,10 @@ async def test_an_audit_log_that_cannot_be_written_fails_answers_closed(stack: S
     assert resp.status == 502
     assert (await resp.json())["error"]["code"] == "audit_write_failed"
     streamed = await stack.post("acme", completion(stream=True), path="/v1/completions")
-    raw = await streamed.read()
-    assert b"event: error" in raw and b"[DONE]" not in raw
-    metrics = stack.gateway[METRICS].render().decode()
-    assert "kvfence_gateway_audit_write_failures_total 2.0" in metrics
+    assert streamed.status == 502  # refused before its first byte: its record cannot open
+    assert (await streamed.json())["error"]["code"] == "audit_write_failed"
+    metrics = stack.gateway[METRICS].render().decode()  # the stream's open and final records
+    assert "kvfence_gateway_audit_write_failures_total 3.0" in metrics
 
 
 async def test_a_client_that_leaves_mid_stream_still_gets_a_record(stack: Stack) -> None:

@@ -72,7 +72,7 @@ async def ask(stack: Stack, tenant: str, body: dict[str, Any], **headers: str) -
 
 def records(stack: Stack) -> list[dict[str, Any]]:
     rows = map(orjson.loads, stack.audit_log.read_bytes().splitlines())
-    return [r for r in rows if r.get("kind") == "record"]
+    return [r for r in rows if r.get("kind") == "record" and r.get("phase") != "open"]
 
 
 async def engine_stats(app: web.Application) -> EngineStats:

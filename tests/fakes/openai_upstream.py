@@ -12,6 +12,7 @@ import orjson
 from aiohttp import web
 
 CACHED_TOKENS = 7
+LONG = 64  # events of a `long` stream
 
 
 @dataclass
@@ -42,11 +43,11 @@ def _chunk(i: int, text: str, usage: bool) -> dict[str, Any]:
     return out
 
 
-def usage_event() -> bytes:
+def usage_event(completion_tokens: int = 3) -> bytes:
     usage = {
         "prompt_tokens": 12,
-        "completion_tokens": 3,
-        "total_tokens": 15,
+        "completion_tokens": completion_tokens,
+        "total_tokens": 12 + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS},
     }
     body = {
@@ -96,7 +97,8 @@ def completion() -> dict[str, Any]:
 @dataclass
 class FakeUpstream:
     """`mode`: ok | die_before | die_mid | stall_before | hold | flood (a stream of 16 MiB) |
-    huge (a 2 MiB plain answer) | no_done (a stream that ends without `[DONE]`). `split` sends
+    huge (a 2 MiB plain answer) | no_done (a stream that ends without `[DONE]`) | long (a stream
+    of `LONG` one-token events, a few milliseconds apart, then its usage). `split` sends
     each stream event in two writes, so the gateway sees chunks that cut events in half."""
 
     mode: str = "ok"
@@ -158,6 +160,9 @@ class FakeUpstream:
             events = [big] * 2048 + events
         if self.mode == "no_done":
             events = events[:-1]
+        if self.mode == "long":
+            words = [b"data: " + orjson.dumps(_chunk(i, " w", True)) + b"\n\n" for i in range(LONG)]
+            events = [*words, usage_event(LONG), b"data: [DONE]\n\n"]
         try:
             for i, event in enumerate(events):
                 if self.mode == "die_mid" and i == 2:
@@ -166,6 +171,8 @@ class FakeUpstream:
                     return resp
                 if self.mode == "hold" and i == 1:
                     await asyncio.sleep(3600)
+                if self.mode == "long":
+                    await asyncio.sleep(0.002)
                 if self.split:
                     await resp.write(event[:7])
                     await resp.write(event[7:])

@@ -13,6 +13,15 @@ from pathlib import Path
 import pytest
 
 REDIS = shutil.which("redis-server")
+# The gateways' ACL user's rules as deploy/compose.fleet.yml and deploy/k8s give them.
+GATEWAY_USER = "kvfence-gateway"
+GATEWAY_RULES = "~kvf2:* resetchannels -@all +@read +@write +@transaction +@connection -@dangerous"
+
+
+def gateway_acl(password: str) -> tuple[str, ...]:
+    """redis-server options for the deployed ACL: the default user off, the gateways' user."""
+    return ("--user", "default", "off", "resetpass", "-@all",
+            "--user", GATEWAY_USER, "on", f">{password}", *GATEWAY_RULES.split())  # fmt: skip
 
 
 def need_redis() -> None:
@@ -35,15 +44,18 @@ def _answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 
 
 class RedisServer:
-    def __init__(self, folder: Path) -> None:
+    """`args`: more options for redis-server (an ACL user, say)."""
+
+    def __init__(self, folder: Path, args: tuple[str, ...] = ()) -> None:
         self.folder = folder
         self.port = free_port()
+        self.args = args
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -53,7 +65,7 @@ class RedisServer:
     def start(self) -> None:
         assert REDIS is not None
         command = [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                   "--appendonly", "no", "--dir", str(self.folder)]  # fmt: skip
+                   "--appendonly", "no", "--dir", str(self.folder), *self.args]  # fmt: skip
         log = (self.folder / "redis.log").open("ab")
         self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         log.close()

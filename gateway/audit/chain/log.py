@@ -83,6 +83,11 @@ class AuditLog:
         self._thread = threading.Thread(target=self._run, name="audit-log", daemon=True)
         self._thread.start()
 
+    @property
+    def failed(self) -> str | None:
+        """Why this log writes nothing more (it failed, or was closed), or None."""
+        return self._failed
+
     async def append(self, record: dict[str, Any]) -> None:
         """Write one record (JSON-serialisable, without the keys seq, kind, tag)."""
         if RESERVED & record.keys():
@@ -93,7 +98,10 @@ class AuditLog:
             if self._failed is not None:
                 raise AuditWriteError(self._failed)
             self._queue.put(({"kind": "record", **record}, future))
-        await asyncio.wrap_future(future)
+        # A caller cancelled while its record is queued (its client left) must not cancel the
+        # write: the record is written all the same, and the writer thread never meets a future
+        # it cannot complete.
+        await asyncio.shield(asyncio.wrap_future(future))
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close_sync)
@@ -139,7 +147,8 @@ class AuditLog:
                 self._fail(f"audit write failed: {exc}", items)
                 return
             for _, future in items:
-                future.set_result(None)
+                if not future.done():
+                    future.set_result(None)
             if stop:
                 self._file.close()
                 return
@@ -153,4 +162,5 @@ class AuditLog:
                     items.append(item)
         self._file.close()
         for _, future in items:
-            future.set_exception(AuditWriteError(reason))
+            if not future.done():
+                future.set_exception(AuditWriteError(reason))

@@ -50,7 +50,18 @@ class FileSummary:
     recoveries: int
     sealed: bool
     origin: bool  # this file starts the chain (its header follows nothing)
-    verdicts: Mapping[str, int] = field(default_factory=dict)  # records per verdict
+    verdicts: Mapping[str, int] = field(default_factory=dict)  # final answer records per verdict
+    opened: frozenset[str] = frozenset()  # upstream ids of streams' `open` records
+    settled: frozenset[str] = frozenset()  # upstream ids of `final` answer records
+
+
+def unfinished(summaries: list[FileSummary]) -> int:
+    """Streams whose record was opened and never completed in this chain: the gateway stopped
+    (a crash, a kill) while they ran, or they are running now. A record that was completed
+    and then removed breaks the chain instead."""
+    opened = frozenset().union(*(s.opened for s in summaries))
+    settled = frozenset().union(*(s.settled for s in summaries))
+    return len(opened - settled)
 
 
 def _entries(path: Path) -> list[dict[str, Any]]:
@@ -112,6 +123,9 @@ def verify_file(path: Path, key: bytes, prev: FileSummary | None = None) -> File
             raise AuditVerifyError(path, number, "sequence number out of order")
         tag = entry["tag"]
     kinds = [e.get("kind") for e in entries]
+    answers = [e for e in entries if e.get("kind") == "record" and "verdict" in e]
+    opened = [e for e in answers if e.get("phase") == "open"]
+    final = [e for e in answers if e.get("phase", "final") == "final"]  # older logs: no phase
     return FileSummary(
         file_id=str(header.get("file_id")),
         chain=str(header.get("chain", "")),
@@ -122,7 +136,9 @@ def verify_file(path: Path, key: bytes, prev: FileSummary | None = None) -> File
         recoveries=kinds.count("recovery"),
         sealed=kinds[-1] == "seal",
         origin=header["prev_tag"] == GENESIS and not header.get("prev_file_id") and first == 0,
-        verdicts=Counter(str(e.get("verdict")) for e in entries if e.get("kind") == "record"),
+        verdicts=Counter(str(e["verdict"]) for e in final),
+        opened=frozenset(str(e.get("upstream_id")) for e in opened),
+        settled=frozenset(str(e.get("upstream_id")) for e in final),
     )
 
 

@@ -4,6 +4,8 @@ is caught at the right line; a failing write fails the request closed."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import shutil
 from pathlib import Path
 from typing import Any
@@ -177,3 +179,25 @@ async def test_reserved_and_unencodable_records_are_refused(tmp_path: Path) -> N
     await log.close()
     with pytest.raises(AuditWriteError):
         await log.append(record(1))
+
+
+async def test_a_record_whose_writer_is_cancelled_is_written_and_the_log_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A request cancelled (its client left) while its record is queued: the record is written,
+    and the writer thread lives on for the next one."""
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path, SECRET)
+    for i in range(20):
+        task = asyncio.create_task(log.append(record(i)))
+        await asyncio.sleep(0)  # queued for the writer thread
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    async with asyncio.timeout(10):
+        await log.append(record(20))
+    await log.close()
+    lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    assert [r["request_id"] for r in lines if r["kind"] == "record"] == [
+        f"req-{i}" for i in range(21)
+    ]

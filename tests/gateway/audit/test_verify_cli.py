@@ -100,3 +100,23 @@ async def test_a_wrong_key_is_not_called_tampering(
     assert _verify(tmp_path, str(path)) == 3
     err = capsys.readouterr().err
     assert err.count("WRONG KEY") == 2 and "FAILED" not in err
+
+
+async def test_a_streams_open_record_counts_once_and_an_unfinished_one_is_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stream writes an `open` record before its first byte and a `final` one at its end:
+    verdicts count the final ones; a stream the gateway never completed (it stopped mid-stream)
+    is said, and is not tampering."""
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path, SECRET)
+    for i, phase in enumerate(("open", "final", "open")):
+        stream = "s1" if i < 2 else "s2"
+        await log.append({**record(i), "upstream_id": stream, "phase": phase, "verdict": "clean"})
+    await log.append({"event": "quarantine", "backend": "be-1", "reason": "test"})
+    await log.close()
+    (tmp_path / "audit.key").write_bytes(SECRET + b"\n")
+    assert _verify(tmp_path, str(path)) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "1 stream(s) opened and never completed" in out[0]
+    assert out[1] == "verdicts: clean 1"

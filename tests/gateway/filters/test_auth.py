@@ -110,13 +110,16 @@ async def test_other_paths_are_404_and_never_proxied(gw: Gateway, method: str, p
     assert gw.upstream.received == []
 
 
-async def test_request_id_propagated_or_generated(gw: Gateway) -> None:
+async def test_the_clients_request_id_comes_back_and_never_goes_upstream(gw: Gateway) -> None:
     resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG}, **{"x-request-id": "abc-1"})
     assert resp.headers["x-request-id"] == "abc-1"
-    assert gw.upstream.received[-1].header_values("x-request-id") == ["abc-1"]
+    [sent] = gw.upstream.received[-1].header_values("x-request-id")
+    assert "abc-1" not in sent and len(sent) == 32  # the gateway's own
+    resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG}, **{"x-request-id": "abc-1"})
+    assert gw.upstream.received[-1].header_values("x-request-id") != [sent]  # fresh each time
     resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG})
     generated = resp.headers["x-request-id"]
-    assert len(generated) == 32 and gw.upstream.received[-1].header_values("x-request-id") == [
+    assert len(generated) == 32 and gw.upstream.received[-1].header_values("x-request-id") != [
         generated
     ]
 

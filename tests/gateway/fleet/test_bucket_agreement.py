@@ -1,13 +1,12 @@
-"""The token buckets in Python (one gateway's workers, `local_limits`) and in Lua (every replica,
-`limits` on Redis) are one rule: on random schedules of admissions and releases, on the same
-clock, both admit and refuse the same requests, for the same reason and the same wait. Redis's
-clock is the one thing replaced: the scripts read `now` from their arguments here."""
+"""One gateway's limits table (`local_limits`, a memory-mapped file) and every replica's (`limits`,
+sealed values in Redis) hold one rule: on random schedules of admissions and releases, on the
+same clock, both admit and refuse the same requests, for the same reason and the same wait."""
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from collections import deque
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -16,23 +15,17 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.fleet.limits import _ADMIT, _RELEASE, admit_args
+from gateway.fleet.limits import RedisLimits
 from gateway.fleet.local_limits import SharedLimits
+from gateway.fleet.metrics import FleetMetrics
+from gateway.fleet.store import SharedStore
+from gateway.metrics import Metrics
+from gateway.policy.load import parse_policy
 from gateway.policy.tenant_model import TenantLimits
+from tests.kit.gateway import ENV, policy_text
 from tests.kit.redis_server import RedisServer
 
 START = 1_000_000.0
-LEASE_S = 3600.0  # longer than any schedule: no in-flight entry expires mid-run
-_CLOCK = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) + tonumber(t[2]) / 1000000"
-
-
-def _on_our_clock(admit: str, release: str) -> tuple[str, str]:
-    """The two scripts with `now` taken from their last argument instead of Redis's TIME."""
-    assert admit.count(_CLOCK) == 1 and release.count("redis.call('TIME')") == 1
-    admit = admit.replace(_CLOCK, "local now = tonumber(ARGV[7])")
-    release = release.replace("local t = redis.call('TIME')", "local t = {ARGV[4]}")
-    return admit, release
-
 
 limits_st = st.builds(
     TenantLimits,
@@ -45,27 +38,18 @@ limits_st = st.builds(
 step_st = st.tuples(st.integers(0, 24), st.one_of(st.none(), st.sampled_from([0, 10, 50, 100])))
 
 
-@pytest.fixture
-def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    with redis.Redis.from_url(redis_server.url) as found:
-        yield found
-
-
-@settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(limits=limits_st, schedule=st.lists(step_st, min_size=1, max_size=30))
-def test_python_and_lua_buckets_agree(
-    client: redis.Redis, limits: TenantLimits, schedule: list[tuple[int, int | None]]
-) -> None:
-    client.flushall()
-    admit_src, release_src = _on_our_clock(_ADMIT, _RELEASE)
-    admit, release = client.register_script(admit_src), client.register_script(release_src)
-    keys = ["bucket", "flight"]
+async def _run(url: str, limits: TenantLimits, schedule: list[tuple[int, int | None]]) -> None:
+    shared_text = f"access_log: false\n  shared: {{redis: {{url: '{url}'}}}}\n"
+    text = policy_text("http://127.0.0.1:9").replace("access_log: false\n", shared_text)
+    policy = parse_policy(text, "p.yaml", env=ENV)
+    assert policy.gateway.shared is not None
+    store = SharedStore(policy.gateway.shared, policy, FleetMetrics(Metrics()))
+    now = Fraction(START)
+    shared = RedisLimits(store, clock=lambda: float(now))
     with tempfile.TemporaryDirectory() as folder:
         local = SharedLimits(Path(folder) / "limits.bin", generation=1.0)
         try:
-            now, held, n = Fraction(START), deque[str](), 0
+            held, n = deque[str](), 0
             for eighths, tokens in schedule:
                 now += Fraction(eighths, 8)
                 at = float(now)
@@ -73,17 +57,29 @@ def test_python_and_lua_buckets_agree(
                     if not held:
                         continue
                     local.release("acme", tokens, now=at)
-                    release(keys=keys, args=[held.popleft(), tokens, limits.tokens_per_min, at])
+                    await shared.release("acme", held.popleft(), tokens, limits)
                     continue
                 n += 1
-                token = f"t{n}"
                 refusal = local.admit("acme", limits, now=at)
-                reason, wait = admit(keys=keys, args=[*admit_args(limits, token, LEASE_S), at])
-                lua = (reason.decode(), float(wait))
-                assert lua[0] == ("" if refusal is None else refusal.reason), (n, limits)
+                token, found = await shared.admit("acme", limits)
+                assert (found and found.reason) == (refusal and refusal.reason), (n, limits)
                 if refusal is None:
                     held.append(token)
                 else:
-                    assert lua[1] == pytest.approx(refusal.retry_after_s, rel=1e-9, abs=1e-9)
+                    assert found is not None
+                    assert found.retry_after_s == pytest.approx(refusal.retry_after_s, rel=1e-9)
         finally:
             local.close()
+            await store.close()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(limits=limits_st, schedule=st.lists(step_st, min_size=1, max_size=30))
+def test_the_local_and_the_shared_tables_agree(
+    redis_server: RedisServer, limits: TenantLimits, schedule: list[tuple[int, int | None]]
+) -> None:
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.flushall()
+    asyncio.run(_run(redis_server.url, limits, schedule))

@@ -6,49 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 
 import pytest
 import redis
 
-from gateway.policy.load import parse_policy
+from gateway.shared import SHARED
 from gateway.verify.service import VERIFY
 from gateway.verify.watch import WATCH
-from tests.fakes.openai_upstream import FakeUpstream
-from tests.kit.fleet_policies import fleet_policy_text, replica
-from tests.kit.gateway import ENV, Gateway, run_gateway
+from tests.kit.gateway import PEPPER, Gateway
 from tests.kit.polling import until
-from tests.kit.redis_server import RedisServer
-
-CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
-
-
-@asynccontextmanager
-async def two_gateways(
-    server: RedisServer, on_failure: str = "closed", limits: str = ""
-) -> AsyncIterator[tuple[Gateway, Gateway, FakeUpstream, FakeUpstream]]:
-    a, b = FakeUpstream(), FakeUpstream()
-    await a.start()
-    await b.start()
-    shared = (
-        f"  shared: {{redis: {{url: '{server.url}', timeout_s: 0.2}}, on_failure: {on_failure}}}\n"
-    )
-    text = fleet_policy_text(replica("a", a.url), replica("b", b.url), gateway=shared)
-    if limits:
-        text = text.replace("id: acme, ", f"id: acme, limits: {{{limits}}}, ")
-    policy = parse_policy(text, "p.yaml", env=ENV)
-    one, r1 = await run_gateway(policy, a)
-    two, r2 = await run_gateway(policy, a)
-    try:
-        yield one, two, a, b
-    finally:
-        for gw, runner in ((one, r1), (two, r2)):
-            await gw.session.close()
-            await runner.cleanup()
-        await a.close()
-        await b.close()
+from tests.kit.redis_server import GATEWAY_USER, RedisServer, gateway_acl, need_redis
+from tests.kit.shared_gateways import CHAT, two_gateways
 
 
 async def status(gw: Gateway) -> int:
@@ -95,14 +65,16 @@ async def test_redis_keys_and_values_name_no_tenant_or_backend(
         await one.app[WATCH].apply("a", lambda h: dataclasses.replace(h, rounds=1))
         client = redis.Redis.from_url(redis_server.url)
         keys = client.keys("*")
-        assert keys and all(k.startswith(b"kvf1:") for k in keys)
-        dump = b" ".join(keys)
+        assert keys and all(k.startswith(b"kvf2:") for k in keys)
+        values = []
         for key in keys:
-            kind = client.type(key)
-            if kind == b"hash":
-                dump += b" ".join(b"%s=%s" % kv for kv in client.hgetall(key).items())
-        assert b"acme" not in dump and b"fake" not in dump
-        assert b'"backend":"a"' in dump  # a backend's state names it in the value only
+            if client.type(key) == b"hash":
+                values += client.hgetall(key).values()
+            else:
+                values.append(client.get(key))
+        assert len(values) == 2 and all(v.startswith(b"S1") for v in values)  # sealed
+        dump = b" ".join(keys + values)
+        assert b"acme" not in dump and b"fake" not in dump and b"backend" not in dump
         client.close()
 
 
@@ -119,6 +91,8 @@ async def test_redis_down_gives_the_policys_behaviour(
             assert resp.status == expected
             if expected == 503:
                 assert (await resp.json())["error"]["code"] == "shared_state_unavailable"
+        ready = await one.session.get(one.url + "/readyz")
+        assert ready.status == expected  # closed: not ready (it would refuse every request)
         metrics = await one.metrics()
         assert "kvfence_gateway_shared_state_up 0.0" in metrics
         assert 'kvfence_gateway_shared_state_fallbacks_total{action="' + mode in metrics
@@ -135,3 +109,24 @@ async def test_one_replica_runs_each_due_canary_round(redis_server: RedisServer)
         assert await boards[1].claim_round("b", 60.0), "each backend has its own round"
         await asyncio.to_thread(redis_server.stop)
         assert await boards[1].claim_round("a", 60.0), "Redis down: run it (one too many is safe)"
+
+
+async def test_an_acl_user_reaches_a_redis_that_refuses_everyone_else(tmp_path: Path) -> None:
+    """Redis as deployed: its default user off, the gateways' ACL user with a password and no
+    command that could empty or reconfigure the store."""
+    need_redis()
+    server = RedisServer(tmp_path, gateway_acl(PEPPER))
+    server.start()
+    try:
+        password = f"username: {GATEWAY_USER}, password: {{env: PEPPER}}"
+        async with two_gateways(server, limits="requests_per_s: 100", redis=password) as gws:
+            assert [await status(gw) for gw in gws[:2]] == [200, 200]
+            await gws[0].app[WATCH].apply("a", lambda h: dataclasses.replace(h, rounds=1))
+            assert gws[0].app[SHARED].up
+        with redis.Redis.from_url(server.url) as anyone, pytest.raises(redis.AuthenticationError):
+            anyone.keys("*")
+        gateway = redis.Redis.from_url(server.url, username=GATEWAY_USER, password=PEPPER)
+        with gateway, pytest.raises(redis.exceptions.NoPermissionError):
+            gateway.flushall()
+    finally:
+        server.stop()

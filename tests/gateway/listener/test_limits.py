@@ -2,9 +2,11 @@
 
 import asyncio
 
+from gateway.listener.connections import GRACE_TICKS, PRESSURE
 from gateway.policy.load import parse_policy
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.kit.gateway import ENV, KEYS, Gateway, policy_text, run_gateway
+from tests.kit.polling import until
 
 
 async def _connect(gw: Gateway) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -70,17 +72,23 @@ def _capped(url: str) -> str:
     )
 
 
-async def test_at_the_cap_the_longest_idle_connection_makes_room(upstream: FakeUpstream) -> None:
+async def test_at_the_cap_a_request_takes_the_place_of_the_longest_idle_connection(
+    upstream: FakeUpstream,
+) -> None:
     gw, runner = await run_gateway(parse_policy(_capped(upstream.url), "t.yaml", env=ENV), upstream)
+    pressure = gw.app[PRESSURE]
     try:
-        (r1, w1), (_r2, w2) = await _connect(gw), await _connect(gw)
-        await asyncio.sleep(0.1)  # past the new connections' grace
-        r3, w3 = await _connect(gw)
-        async with asyncio.timeout(10):
-            assert await r1.read(1024) == b""  # the oldest idle one gave way
-        w3.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        (r1, w1), (r2, w2) = await _connect(gw), await _connect(gw)
+        r3, w3 = await _connect(gw)  # over the cap: held, and nobody is closed for it yet
+        await until(lambda: pressure.held == 1, 5, "the newcomer held")
+        grown = pressure.tick + GRACE_TICKS
+        await until(lambda: pressure.tick > grown, 10, "the idle ones past their grace")
+        assert not r1.at_eof() and not r2.at_eof()
+        w3.write(_chat("acme"))  # its request arrives: the oldest idle connection gives way
         async with asyncio.timeout(10):
             assert (await r3.readuntil(b"\r\n")).startswith(b"HTTP/1.1 200")
+            assert await r1.read(1024) == b""
+        assert not r2.at_eof()
         for w in (w1, w2, w3):
             w.close()
     finally:
@@ -88,7 +96,7 @@ async def test_at_the_cap_the_longest_idle_connection_makes_room(upstream: FakeU
         await runner.cleanup()
 
 
-async def test_when_every_connection_is_busy_a_newcomer_gets_503() -> None:
+async def test_when_every_connection_is_busy_a_request_gets_503_and_a_probe_200() -> None:
     upstream = FakeUpstream(mode="hold")
     await upstream.start()
     gw, runner = await run_gateway(parse_policy(_capped(upstream.url), "t.yaml", env=ENV), upstream)
@@ -96,12 +104,17 @@ async def test_when_every_connection_is_busy_a_newcomer_gets_503() -> None:
     try:
         busy = [await gw.chat(t, body) for t in ("acme", "globex")]  # both held open upstream
         reader, writer = await _connect(gw)
-        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(_chat("acme"))
         async with asyncio.timeout(10):
             answer = await reader.read()
         head = answer.lower()
         assert head.startswith(b"http/1.1 503") and b"retry-after: 1" in head
         assert b"connection: close" in head and b'"code":"overloaded"' in head
+        writer.close()
+        reader, writer = await _connect(gw)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(10):
+            assert (await reader.readuntil(b"\r\n")).startswith(b"HTTP/1.1 200")
         for resp in busy:
             resp.close()
         writer.close()
@@ -109,3 +122,12 @@ async def test_when_every_connection_is_busy_a_newcomer_gets_503() -> None:
         await gw.session.close()
         await runner.cleanup()
         await upstream.close()
+
+
+def _chat(tenant: str) -> bytes:
+    body = b'{"model":"smollm2","messages":[]}'
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer " + KEYS[tenant].encode() + b"\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )

@@ -76,6 +76,9 @@ def test_backends_of_one_model_must_agree_on_its_revision() -> None:
         ("  shared: {redis: {url: 'redis://u:secret@h:6379'}}\n", "a password goes in password"),
         ("  shared: {redis: {url: 'redis://h:6379'}, on_failure: open}\n", "closed, local"),
         ("  shared: {on_failure: local}\n", "redis"),
+        ("  shared: {redis: {url: 'redis://h:6379', username: gw}}\n", "needs its password"),
+        ("  shared: {redis: {url: 'redis://h:6379', ca_file: ca.pem}}\n", "needs a rediss://"),
+        ("  shared: {redis: {url: 'rediss://h:6379', ca_file: no.pem}}\n", "not a file"),
     ],
 )
 def test_fleet_settings_errors_name_the_key(gateway: str, expected: str) -> None:
