@@ -6,7 +6,8 @@ the client gets, and settles the answer once (`gateway.audit.settle`).
 Invariant: the prompt is recorded in the detective's history before the request is forwarded
 and the answer's text right after the answer completes; no byte reaches the client before the
 judgement that allows it; `judge` and `settle` are called from here and nowhere else, and every
-exchange is settled exactly once, failures included.
+exchange is settled exactly once, failures included; every byte handed to the client is counted
+in the answer's receipt (when its tenant gets one) before it is settled.
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ from gateway.errors import (
     GatewayError,
     HandleRefused,
     UpstreamUnavailable,
+    error_body,
+    error_event,
 )
 from gateway.inputs.paths import RESPONSES
+from gateway.receipts import draft as receipts
 from gateway.state import (
     BODY,
     DROP_USAGE,
@@ -53,6 +57,7 @@ from gateway.state import (
 from gateway.verify.detective import Observation
 from gateway.verify.scan import AnswerScan
 from gateway.verify.service import VERIFY, Verification
+from kvfence.receipt import RECEIPT_HEADER
 
 log = logging.getLogger("kvfence.gateway.proxy")
 _NONE: Final[frozenset[str]] = frozenset()  # no public part: nearly every request
@@ -85,10 +90,12 @@ class Exchange:
         "first",
         "headers",
         "judgement",
+        "receipt",
     )
 
     def __init__(self, request: web.Request, verification: Verification) -> None:
         self._request = request
+        self.receipt = receipts.start(request)
         self._timing = request[TIMING]
         route, parts = request[ROUTE], request.get(PUBLIC, ())
         self.ctx = AuditContext(
@@ -150,11 +157,12 @@ class Exchange:
         self._scan.body(body, parsed)
         self._finish()
         self.judgement = judgement = judge(self.ctx, answer)
-        self.headers = {
-            "x-request-id": self.ctx.request_id,
-            VERDICT_HEADER: judgement.verdict.value,
-        }
-        return await settle(self._request, self.ctx, answer, judgement)
+        self._set_headers()
+        if self.receipt is not None:
+            self.receipt.replace(body)  # the client gets these bytes unless settle withholds them
+            if isinstance(parsed, dict) and isinstance(parsed.get("id"), str):
+                self.receipt.chat_id = parsed["id"]
+        return await settle(self._request, self.ctx, answer, judgement, receipt=self.receipt)
 
     async def head(self, event: bytes | None) -> web.Response | None:
         """A stream's first event (None: it never completed), read only when `attested`.
@@ -167,15 +175,28 @@ class Exchange:
             self.answer.attestations.append(token)
         self._usage = UsageScanner(drop_usage=self._request[DROP_USAGE])
         self.judgement = judgement = judge(self.ctx, self.answer)
-        self.headers = {
-            "x-request-id": self.ctx.request_id,
-            VERDICT_HEADER: judgement.verdict.value,
-        }
+        self._set_headers()
         if judgement.blocked:
-            return await settle(self._request, self.ctx, self.answer, judgement)
+            return await settle(
+                self._request, self.ctx, self.answer, judgement, receipt=self.receipt
+            )
         if self.first:
             self._scan.events(self.first)
+            self._sent(self.first)
         return None
+
+    def _set_headers(self) -> None:
+        self.headers = {
+            "x-request-id": self.ctx.request_id,
+            VERDICT_HEADER: self.judgement.verdict.value,
+        }
+        if self.receipt is not None:
+            self.headers[RECEIPT_HEADER] = self.receipt.receipt_id
+
+    def _sent(self, data: bytes) -> bytes:
+        if self.receipt is not None and data:
+            self.receipt.sent(data)
+        return data
 
     def events(self, chunk: bytes) -> bytes:
         """Upstream bytes in; the bytes to send the client now out. Complete events pass once
@@ -209,7 +230,7 @@ class Exchange:
             cut = done_at(out)
             if cut >= 0:
                 out, self._done = out[:cut], out[cut:]
-        return out
+        return self._sent(out)
 
     async def end(self) -> bytes:
         """The backend's stream ended: the whole answer is judged (now with its usage and the
@@ -229,8 +250,10 @@ class Exchange:
         self.judgement = judge(self.ctx, answer)  # now with the usage and the detective's check
         if self.judgement.blocked:
             raise _refused(self.judgement)
-        await settle(self._request, self.ctx, answer, self.judgement)  # AuditWriteFailed: it ends
-        return self._suspect + self._done + usage.tail()
+        rest = self._sent(self._suspect + self._done + usage.tail())
+        # AuditWriteFailed: it ends the stream
+        await settle(self._request, self.ctx, answer, self.judgement, receipt=self.receipt)
+        return rest
 
     async def fail(self, error: GatewayError) -> None:
         """The exchange ends with `error` (the upstream failed, or a stream was cut): settled
@@ -244,6 +267,9 @@ class Exchange:
             log.warning("stream cut", extra=fields)
             if not self._withheld:
                 self.answer.prompt_tokens = self._usage.prompt_tokens
+            self._sent(error_event(error))  # the event that ends the stream
+        elif self.receipt is not None:
+            self.receipt.replace(error_body(error))  # the error answer the client gets instead
         with contextlib.suppress(AuditWriteFailed):
             await settle(
                 self._request,
@@ -252,6 +278,7 @@ class Exchange:
                 self.judgement,
                 status=error.status,
                 reason=error.code,
+                receipt=self.receipt,
             )
 
     async def left(self, reason: str) -> None:
@@ -271,6 +298,7 @@ class Exchange:
             self.judgement,
             status=CLIENT_CLOSED,
             reason=reason,
+            receipt=self.receipt,
         )
         with contextlib.suppress(AuditWriteFailed):
             await asyncio.shield(left)

@@ -1,10 +1,10 @@
-"""Settle: the one place a judgement becomes what the client gets and one audit record: the
-verdict is counted, logged when it is not clean, and written to the audit log; a violation is
-reported to the watch; a withheld answer is replaced by a local error. Only the exchange calls
-it.
+"""Settle: the one place a judgement becomes what the client gets, one audit record and (for a
+tenant with receipts) the answer's signed receipt: the verdict is counted, logged when it is not
+clean, and written to the audit log; the receipt names that record; a violation is reported to
+the watch; a withheld answer is replaced by a local error. Only the exchange calls it.
 
-Invariant: every request that reached the upstream step is settled exactly once; a record that
-cannot be written raises `AuditWriteFailed`, so the answer fails closed.
+Invariant: every request that reached the upstream step is settled exactly once; a record or a
+receipt that cannot be written raises `AuditWriteFailed`, so the answer fails closed.
 """
 
 from __future__ import annotations
@@ -14,13 +14,17 @@ from typing import Final
 
 from aiohttp import web
 
-from gateway.audit.chain.log import AuditWriteError
+from gateway.audit.chain.log import Appended, AuditWriteError
 from gateway.audit.judge import Answer, AuditContext, Judgement, record
 from gateway.audit.sink import AUDIT_SINK
 from gateway.errors import AttestationRefused, AuditWriteFailed, error_response
 from gateway.metrics import METRICS, Metrics
-from gateway.state import RUNTIME, USED_TOKENS
+from gateway.receipts.draft import Draft
+from gateway.receipts.service import RECEIPTS
+from gateway.receipts.store import ReceiptWriteError
+from gateway.state import RECEIPT_ID, RUNTIME, USED_TOKENS
 from gateway.verify.watch import WATCH
+from kvfence.receipt import RECEIPT_HEADER
 from kvfence.verdict import Verdict
 
 VERDICT_HEADER: Final = "x-kvfence-verdict"
@@ -48,37 +52,68 @@ async def settle(
     *,
     status: int | None = None,
     reason: str | None = None,
+    receipt: Draft | None = None,
 ) -> web.Response | None:
-    """Count, log and record the judgement. Returns the local answer that replaces a withheld
-    response, else None. `status` and `reason` describe a failed exchange (the client got that
-    status, or left: 499). Raises AuditWriteFailed when the record is lost."""
+    """Count, log and record the judgement, and issue the answer's `receipt` (None: this
+    tenant gets none). Returns the local answer that replaces a withheld response, else None.
+    `status` and `reason` describe a failed exchange (the client got that status, or left:
+    499). Raises AuditWriteFailed when the record or the receipt is lost."""
     assert not answer.settled, "an answer is settled once"
     answer.settled = True
-    refusal = None
+    local = None
     if judgement.blocked:
         refusal = AttestationRefused(
             f"the response was withheld: its audit verdict is {judgement.verdict.value}"
         )
         status, reason = refusal.status, refusal.code
+        headers = {VERDICT_HEADER: judgement.verdict.value}
+        if receipt is not None:
+            headers[RECEIPT_HEADER] = receipt.receipt_id
+        local = error_response(refusal, ctx.request_id, headers=headers)
+        if receipt is not None:
+            receipt.replace(bytes(local.body))  # type: ignore[arg-type]
     final_status = answer.status if status is None else status
     if answer.total_tokens:
         request[USED_TOKENS] = answer.total_tokens
     _count(request.app[METRICS], ctx, answer, judgement)
     entry = record(ctx, answer, judgement, final_status, reason)
+    if receipt is not None:
+        entry["receipt_id"] = receipt.receipt_id
     if judgement.verdict not in _QUIET:
         log.warning("audit verdict", extra={"rid": ctx.request_id, **entry})
-    settings = request[RUNTIME].policy.gateway.audit_log
+    policy = request[RUNTIME].policy
     try:
-        await request.app[AUDIT_SINK].append(settings, entry)
+        appended = await request.app[AUDIT_SINK].append(policy.gateway.audit_log, entry)
     except AuditWriteError as exc:
         request.app[METRICS].audit_failures.inc()
         log.error("audit write failed", extra={"rid": ctx.request_id, "error": str(exc)})
         raise AuditWriteFailed("the audit record could not be written") from None
+    if receipt is not None:
+        await _issue(request, receipt, ctx, answer, judgement, final_status, reason, appended)
     if judgement.verdict is Verdict.VIOLATION and ctx.verifier is None:
         kind = "marker" if answer.markers else "detective"
         await request.app[WATCH].violation(ctx.backend, kind)
-    if refusal is None:
-        return None
-    return error_response(
-        refusal, ctx.request_id, headers={VERDICT_HEADER: judgement.verdict.value}
-    )
+    return local
+
+
+async def _issue(
+    request: web.Request,
+    receipt: Draft,
+    ctx: AuditContext,
+    answer: Answer,
+    judgement: Judgement,
+    status: int,
+    reason: str | None,
+    appended: Appended | None,
+) -> None:
+    try:
+        if appended is None:
+            raise ReceiptWriteError("receipts need the audit log")
+        await request.app[RECEIPTS].issue(
+            request[RUNTIME].policy, receipt, ctx, answer, judgement, status, reason, appended
+        )
+    except ReceiptWriteError as exc:
+        request.app[METRICS].audit_failures.inc()
+        log.error("receipt write failed", extra={"rid": ctx.request_id, "error": str(exc)})
+        raise AuditWriteFailed("the answer's receipt could not be written") from None
+    request[RECEIPT_ID] = receipt.receipt_id
