@@ -121,7 +121,10 @@ def main(args: argparse.Namespace) -> int:
         origins = args.log or [
             log["origin"] for log in orjson.loads(_get(f"{base}/v1/kvfence/log", api_key))["logs"]
         ]
-        return max((_one(args, o, signer, log_key, api_key) for o in origins), default=OK)
+        if not origins:
+            print("kvfence witness: the gateway lists no logs", file=sys.stderr)
+            return UNUSABLE
+        return max(_one(args, o, signer, log_key, api_key) for o in origins)
     except (
         KeyFileError,
         SecretError,

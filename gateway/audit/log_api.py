@@ -58,10 +58,9 @@ async def get_checkpoint(request: web.Request) -> web.Response:
     if chain is None or old < 0:
         raise LogNotFound("no such log, or a negative size")
     sink = request.app[AUDIT_SINK]
-    bundle = await asyncio.to_thread(consistency, chain, old)
-    if bundle is None and chain.worker == sink.worker:
+    if chain.worker == sink.worker:  # this worker's chain: checkpointed now, on demand
         await sink.checkpoint(request[RUNTIME].policy.gateway.audit_log)
-        bundle = await asyncio.to_thread(consistency, chain, old)
+    bundle = await asyncio.to_thread(consistency, chain, old)
     if bundle is None:
         raise LogNotFound(f"log {chain.origin} has no checkpoint yet")
     return web.Response(text=bundle.format(), content_type="text/plain", charset="utf-8")

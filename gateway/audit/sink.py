@@ -112,6 +112,11 @@ class AuditSink:
     def worker(self) -> int | None:
         return self._worker
 
+    @property
+    def checkpoints(self) -> int:
+        """Checkpoints the open log signed since it was opened."""
+        return self._log.checkpoints if self._log is not None else 0
+
     async def checkpoint(self, settings: AuditLogSettings | None) -> str | None:
         """A signed checkpoint of this worker's chain now (None: no witnessed log)."""
         current = await self._current(settings)

@@ -114,8 +114,14 @@ class AuditLog:
         appended: Appended = await self._put({"kind": "record", **record})
         return appended
 
+    @property
+    def checkpoints(self) -> int:
+        """Checkpoints signed since the log was opened."""
+        return self._tlog.made if self._tlog is not None else 0
+
     async def checkpoint(self) -> str | None:
-        """A signed checkpoint of everything appended so far, now (None: not a witnessed log)."""
+        """A signed checkpoint of everything appended so far: the current one, or the next
+        (at most the checkpoint interval away); None when the log is not a witnessed one."""
         if self._tlog is None:
             return None
         note: str | None = await self._put(_CHECKPOINT)
@@ -141,12 +147,12 @@ class AuditLog:
         self._thread.join()
 
     def _run(self) -> None:
-        unsynced, deadline = 0, 0.0
+        unsynced, deadline, asks = 0, 0.0, []
         while True:
             batch = self._next(unsynced, deadline)
             stop = _STOP in batch
             items = [item for item in batch if item is not _STOP]
-            asks = [future for entry, future in items if entry is _CHECKPOINT]
+            asks += [future for entry, future in items if entry is _CHECKPOINT]
             items = [item for item in items if item[0] is not _CHECKPOINT]
             try:
                 if items and not unsynced:
@@ -162,11 +168,8 @@ class AuditLog:
                 ):
                     self._file.sync()
                     unsynced = 0
-                note = (
-                    self._tlog.after_sync(bool(asks) or stop)
-                    if self._tlog and not unsynced
-                    else None
-                )
+                if self._tlog is not None and not unsynced:
+                    self._tlog.after_sync(stop)
                 if self._file.size >= self._rotate_bytes:
                     self._file.rotate()
                     unsynced = 0
@@ -175,9 +178,13 @@ class AuditLog:
                 return
             for (_, future), result in zip(items, results, strict=True):
                 future.set_result(result)
-            for future in asks:
-                future.set_result(note)
+            if asks and self._tlog is not None and self._tlog.current:
+                for future in asks:
+                    future.set_result(self._tlog.note)
+                asks = []
             if stop:
+                for future in asks:
+                    future.set_exception(AuditWriteError("audit log closed"))
                 self._file.close()
                 if self._tlog is not None:
                     self._tlog.close()

@@ -48,7 +48,7 @@ def chain_of(origin: str, name: str, log_path: Path) -> Chain | None:
 
 
 def chains(name: str, log_path: Path) -> list[Chain]:
-    """Every chain of the log that has a checkpoint."""
+    """Every chain of the log (each worker's, by its active file)."""
     found = [Chain(name, log_path, None)]
     pattern = re.compile(rf"^{re.escape(log_path.stem)}\.w([0-9]+){re.escape(log_path.suffix)}$")
     if log_path.parent.is_dir():
@@ -56,7 +56,7 @@ def chains(name: str, log_path: Path) -> list[Chain]:
             match = pattern.match(file.name)
             if match:
                 found.append(Chain(f"{name}/w{int(match.group(1))}", file, int(match.group(1))))
-    return [c for c in found if checkpoint_path(c.path).exists()]
+    return [c for c in found if c.path.exists()]
 
 
 def latest(chain: Chain, index: int = -1) -> tuple[str, Checkpoint] | None:

@@ -1,12 +1,13 @@
 """The chain as a witnessed log: its Merkle tree grows with every entry the writer appends, and
 signed checkpoints (c2sp.org/tlog-checkpoint, a c2sp.org/signed-note by the log's key) are
-written beside it, batched: at most one per `interval_s` while it grows, or when asked. Beside
+written beside it, batched: at most one per `interval_s`, and only while it grows (one asked
+for waits for the next). Beside
 the chain: `FILE.tree`, `FILE.checkpoint` (the latest) and `FILE.witnessed` (the latest with
 witnesses' cosignatures, which the gateway accepts on `POST /v1/kvfence/log/cosignature`).
 
 Invariant: a checkpoint covers only entries already synced to disk, so a crash can never take
-back what a checkpoint signed; at open, the tree must reproduce the last checkpoint's root, or
-the log is refused.
+back what a checkpoint signed; at open, the active file's entries must be the tree's leaves and
+the tree must reproduce the last checkpoint's root, or the log is refused.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gateway.audit.chain.chainfile import ChainFile
 from gateway.audit.chain.lock import AuditWriteError
 from gateway.audit.chain.tree import TreeFile, chain_lines, tree_path
 from kvfence.checkpoint import Checkpoint, FormatError
+from kvfence.merkle import leaf_hash
 from kvfence.note import Signer, split_note
 
 CHECKPOINT: Final = ".checkpoint"
@@ -75,7 +77,10 @@ class Transparency:
         self.last_leaf = self.last_line = b""
         file.on_line = self._line
         found = read_note(checkpoint_path(self.path))
-        self.signed = found[1].size if found is not None else 0
+        ours = found is not None and found[1].origin == identity.origin
+        self.note: str | None = found[0] if ours and found else None
+        self.signed = found[1].size if ours and found else 0
+        self.made = 0  # checkpoints signed since the log was opened
         self._due = time.monotonic() + identity.interval_s
 
     def _catch_up(self, file: ChainFile) -> None:
@@ -88,6 +93,7 @@ class Transparency:
             for line in chain_lines(self.path, tree.size):
                 tree.append(line)
             tree.flush()
+        self._check_leaves(file)
         found = read_note(checkpoint_path(self.path))
         if found is None:
             return
@@ -100,6 +106,17 @@ class Transparency:
                 "checkpoint covers: it was cut or rewritten; keep it as evidence"
             )
 
+    def _check_leaves(self, file: ChainFile) -> None:
+        """The active file's entries, hashed again, are the tree's leaves (an entry edited in
+        place would otherwise keep its old leaf)."""
+        first = file.seq - file.lines
+        for seq, line in enumerate(chain_lines(self.path, first, active_only=True), first):
+            if self.tree.hash_at(0, seq) != leaf_hash(line):
+                raise AuditWriteError(
+                    f"audit log {self.path}: entry {seq} is not the entry the log's tree and "
+                    "signed checkpoints hold: it was edited; keep the log as evidence"
+                )
+
     def _line(self, line: bytes) -> None:
         self.last_leaf, self.last_line = self.tree.append(line), line
 
@@ -109,19 +126,23 @@ class Transparency:
             return None
         return max(0.0, self._due - time.monotonic())
 
-    def after_sync(self, force: bool = False) -> str | None:
-        """Called once the chain is synced: the new checkpoint's note when one is due (or
-        forced), else None."""
-        if not force and (self.tree.size <= self.signed or time.monotonic() < self._due):
-            return None
-        return self.checkpoint()
+    @property
+    def current(self) -> bool:
+        """Whether the latest checkpoint covers every entry."""
+        return self.signed == self.tree.size and self.note is not None
+
+    def after_sync(self, force: bool = False) -> None:
+        """Called once the chain is synced: a checkpoint when one is due (or `force`: the log
+        closes)."""
+        if self.tree.size > self.signed and (force or time.monotonic() >= self._due):
+            self.checkpoint()
 
     def checkpoint(self) -> str:
         self.tree.flush()
         body = Checkpoint(self.identity.origin, self.tree.size, self.tree.head()).body
         note = body + "\n" + self.identity.signer.line(body)
         write_note(checkpoint_path(self.path), note)
-        self.signed = self.tree.size
+        self.signed, self.note, self.made = self.tree.size, note, self.made + 1
         self._due = time.monotonic() + self.identity.interval_s
         return note
 

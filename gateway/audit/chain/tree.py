@@ -155,9 +155,9 @@ class TreeFile:
         self.flushed = self.size
 
 
-def chain_lines(path: Path, start: int) -> Iterator[bytes]:
+def chain_lines(path: Path, start: int, active_only: bool = False) -> Iterator[bytes]:
     """The lines of the chain at `path` (rotations, then the active file) from entry `start`."""
-    for file in [*rotated_paths(path), path]:
+    for file in [path] if active_only else [*rotated_paths(path), path]:
         with open(file, "rb") as fh:
             lines = fh.read().split(b"\n")[:-1]
         if not lines:
