@@ -7,9 +7,8 @@ import hashlib
 from functools import cache
 
 import pytest
-from tlog_scales.tlog import ConsistencyProof, ConsistencyProofInvalid
+from tlog_scales.tlog import ConsistencyProof, ConsistencyProofInvalid, InclusionProofInvalid
 from tlog_scales.tlog import InclusionProof as TheirInclusion
-from tlog_scales.tlog import InclusionProofInvalid
 
 from kvfence.merkle import (
     EMPTY_ROOT,

@@ -116,7 +116,7 @@ def _edit(doc: Any, path: tuple[Any, ...]) -> Any:
 
 
 async def test_editing_any_field_or_byte_breaks_verification(stack: Stack) -> None:
-    status, request, response, receipt_id = await ask(stack, "acme", {**CHAT, "stream": True})
+    _, request, response, receipt_id = await ask(stack, "acme", {**CHAT, "stream": True})
     tenant = stack.tenant("acme")
     receipt, proof = await tenant.receipt(receipt_id), await tenant.proof(receipt_id)
     keyset = await tenant.keyset()

@@ -38,7 +38,7 @@ async def test_a_rewritten_log_fails_the_tenants_check(
         keyset = await tenant.keyset()
     log = receipt_keys.folder / "log" / "audit.jsonl"
     rewrite_record(log, receipt_id)
-    with pytest.raises(AuditWriteError, match="entry 1 is not the entry .* it was edited"):
+    with pytest.raises(AuditWriteError, match=r"entry 1 is not the entry .* it was edited"):
         async with open_stack(receipt_keys, upstream):
             pass
     for suffix in (".tree", ".checkpoint"):  # the operator makes the tree and checkpoints anew
