@@ -76,11 +76,14 @@ class KeySet:
     log: Verifier
     receipt_keys: tuple[ReceiptKey, ...]
     witnesses: tuple[Verifier, ...] = ()
-    _digest: list[str] = field(default_factory=list, compare=False, repr=False)
+    _cache: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def workload_id(self) -> str:
-        return workload_id(self.log.key)
+        found = self._cache.get("workload_id")
+        if found is None:
+            found = self._cache["workload_id"] = workload_id(self.log.key)
+        return found
 
     def document(self) -> dict[str, Any]:
         return {
@@ -97,11 +100,12 @@ class KeySet:
     @property
     def digest(self) -> str:
         """Over the keys alone (not their status), so retiring a key keeps the digest."""
-        if not self._digest:
+        found = self._cache.get("digest")
+        if found is None:
             keys = sorted((k.entry() for k in self.receipt_keys), key=lambda e: e["key_id"])
             doc = {"workload_id": self.workload_id, "log_key": self.log.vkey, "keys": keys}
-            self._digest.append(sha256_tag(canonical(doc)))
-        return self._digest[0]
+            found = self._cache["digest"] = sha256_tag(canonical(doc))
+        return found
 
     def key(self, key_id: str) -> ReceiptKey | None:
         return next((k for k in self.receipt_keys if k.key_id == key_id), None)

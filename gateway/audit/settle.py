@@ -14,7 +14,7 @@ from typing import Final
 
 from aiohttp import web
 
-from gateway.audit.chain.log import Appended, AuditWriteError
+from gateway.audit.chain.log import AuditWriteError
 from gateway.audit.judge import Answer, AuditContext, Judgement, record
 from gateway.audit.sink import AUDIT_SINK
 from gateway.errors import AttestationRefused, AuditWriteFailed, error_response
@@ -83,37 +83,24 @@ async def settle(
         log.warning("audit verdict", extra={"rid": ctx.request_id, **entry})
     policy = request[RUNTIME].policy
     try:
-        appended = await request.app[AUDIT_SINK].append(policy.gateway.audit_log, entry)
-    except AuditWriteError as exc:
+        after = None
+        if receipt is not None:
+            after = request.app[RECEIPTS].writer(
+                policy, receipt, ctx, answer, judgement, final_status, reason
+            )
+        appended = await request.app[AUDIT_SINK].append(policy.gateway.audit_log, entry, after)
+        if receipt is not None and appended is None:
+            raise ReceiptWriteError("receipts need the audit log")
+    except (AuditWriteError, ReceiptWriteError) as exc:
         request.app[METRICS].audit_failures.inc()
-        log.error("audit write failed", extra={"rid": ctx.request_id, "error": str(exc)})
-        raise AuditWriteFailed("the audit record could not be written") from None
+        receipt_lost = isinstance(exc, ReceiptWriteError)
+        event = "receipt write failed" if receipt_lost else "audit write failed"
+        log.error(event, extra={"rid": ctx.request_id, "error": str(exc)})
+        lost = "the answer's receipt" if receipt_lost else "the audit record"
+        raise AuditWriteFailed(f"{lost} could not be written") from None
     if receipt is not None:
-        await _issue(request, receipt, ctx, answer, judgement, final_status, reason, appended)
+        request[RECEIPT_ID] = receipt.receipt_id
     if judgement.verdict is Verdict.VIOLATION and ctx.verifier is None:
         kind = "marker" if answer.markers else "detective"
         await request.app[WATCH].violation(ctx.backend, kind)
     return local
-
-
-async def _issue(
-    request: web.Request,
-    receipt: Draft,
-    ctx: AuditContext,
-    answer: Answer,
-    judgement: Judgement,
-    status: int,
-    reason: str | None,
-    appended: Appended | None,
-) -> None:
-    try:
-        if appended is None:
-            raise ReceiptWriteError("receipts need the audit log")
-        await request.app[RECEIPTS].issue(
-            request[RUNTIME].policy, receipt, ctx, answer, judgement, status, reason, appended
-        )
-    except ReceiptWriteError as exc:
-        request.app[METRICS].audit_failures.inc()
-        log.error("receipt write failed", extra={"rid": ctx.request_id, "error": str(exc)})
-        raise AuditWriteFailed("the answer's receipt could not be written") from None
-    request[RECEIPT_ID] = receipt.receipt_id

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -86,10 +86,14 @@ class AuditSink:
             return self._log
 
     async def append(
-        self, settings: AuditLogSettings | None, record: dict[str, Any]
+        self,
+        settings: AuditLogSettings | None,
+        record: dict[str, Any],
+        after: Callable[[Appended], None] | None = None,
     ) -> Appended | None:
         """Write `record` to the log `settings` name: where it landed, or None when no log is
-        configured. Raises `AuditWriteError` when it cannot be written."""
+        configured (`after` then never runs); `after` runs once it is written (AuditLog).
+        Raises `AuditWriteError` when it cannot be written, or what `after` raised."""
         try:
             current = await self._current(settings)
         except (AuditWriteError, OSError) as exc:
@@ -99,7 +103,7 @@ class AuditSink:
             return None
         if current is None:
             raise AuditWriteError(f"audit log {settings.path} is not open")
-        return await current.append(record)
+        return await current.append(record, after)
 
     async def event(self, settings: AuditLogSettings | None, record: dict[str, Any]) -> None:
         """Write a record of something other than an answer (a quarantine transition). A failure

@@ -1,17 +1,18 @@
-"""What a worker holds for receipts: the key set of the policy in force, the open store (one per
-configured folder, kept across reloads) and its sweeper; `issue` turns a settled exchange's
-draft into the signed receipt and stores it.
+"""What a worker holds for receipts: the key set of the policy in force, the store (one per
+configured folder, kept across reloads) and its sweeper; `writer` gives settle what the audit
+log's writer thread runs once the answer's record is written: the draft completed with the
+record's position, signed and stored, with no hand-off of its own.
 
-Invariant: `issue` returns only once the receipt is stored, so an answer whose id the client
-holds can be fetched as soon as the answer is complete; a receipt that cannot be stored raises
-`ReceiptWriteError` (the answer fails closed).
+Invariant: the record's append returns only once its receipt is stored, so an answer whose id
+the client holds can be fetched as soon as the answer is complete; a receipt that cannot be
+stored raises `ReceiptWriteError` there (the answer fails closed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Final
 
@@ -46,7 +47,7 @@ class Receipts:
             store = self._stores[settings.path] = ReceiptStore(settings.path)
         return store
 
-    async def issue(
+    def writer(
         self,
         policy: Policy,
         draft: Draft,
@@ -55,14 +56,21 @@ class Receipts:
         judgement: Judgement,
         status: int,
         reason: str | None,
-        appended: Appended,
-    ) -> None:
+    ) -> Callable[[Appended], None]:
+        """What completes, signs and stores the receipt once its record is written (run on the
+        audit writer thread, while the exchange awaits the append)."""
         keys, store = self.keys(policy), self.store(policy)
-        if keys is None or store is None or not appended.origin:
-            raise ReceiptWriteError("receipts need the witnessed audit log (its checkpoints)")
-        doc = draft.document(ctx, answer, judgement, status, reason, appended, keys.keyset)
-        sign(doc, keys.key_id, keys.key)
-        await store.put(draft.receipt_id, ctx.tenant, doc, appended.line)
+        if keys is None or store is None:
+            raise ReceiptWriteError("receipts need gateway.receipts and the witnessed audit log")
+
+        def write(appended: Appended) -> None:
+            if not appended.origin:
+                raise ReceiptWriteError("receipts need the witnessed audit log (its checkpoints)")
+            doc = draft.document(ctx, answer, judgement, status, reason, appended, keys.keyset)
+            sign(doc, keys.key_id, keys.key)
+            store.write(draft.receipt_id, ctx.tenant, doc, appended.line)
+
+        return write
 
     async def sweep(self) -> None:
         while True:
@@ -73,8 +81,6 @@ class Receipts:
                     log.info("expired receipts removed", extra={"folders": removed})
 
     def close(self) -> None:
-        for store in self._stores.values():
-            store.close()
         self._stores.clear()
 
 

@@ -1,23 +1,20 @@
-"""Where receipts are kept: one file per receipt, `PATH/<expiry hour>/<id>.json`, written by one
-thread off the event loop; any worker of the gateway reads any receipt. The id names its expiry
-hour, so an expired receipt is never read and expiry deletes whole folders.
+"""Where receipts are kept: one file per receipt, `PATH/<expiry hour>/<id>.json`, written off the
+event loop by the audit log's writer thread, right after the record the receipt names; any
+worker of the gateway reads any receipt. The id names its expiry hour, so an expired receipt is
+never read and expiry deletes whole folders.
 
-Invariant: `put` returns once the receipt's file is written; a receipt is served only to the
+Invariant: `write` returns once the receipt's file is written; a receipt is served only to the
 tenant it was issued to, and only until it expires.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import concurrent.futures
 import contextlib
 import os
-import queue
 import re
 import secrets
 import shutil
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +24,6 @@ import orjson
 
 HOUR: Final = 3600
 _ID_RE: Final = re.compile(r"^rcpt_([0-9a-f]{1,10})_[0-9a-f]{32}$")
-_STOP: Final = object()
 
 
 class ReceiptWriteError(Exception):
@@ -56,25 +52,27 @@ class Stored:
 class ReceiptStore:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._folders: set[int] = set()
-        self._thread = threading.Thread(target=self._run, name="receipts", daemon=True)
-        self._thread.start()
 
     def _file(self, receipt_id: str, hour: int) -> Path:
         return self.path / str(hour) / f"{receipt_id}.json"
 
-    async def put(
-        self, receipt_id: str, tenant: str, receipt: dict[str, Any], record: bytes
-    ) -> None:
+    def write(self, receipt_id: str, tenant: str, receipt: dict[str, Any], record: bytes) -> None:
+        """Blocking (the audit writer thread calls it). Raises ReceiptWriteError."""
         hour = expiry_of(receipt_id)
         assert hour is not None, "ids come from new_id"
         data = orjson.dumps(
             {"tenant": tenant, "record": base64.b64encode(record).decode(), "receipt": receipt}
         )
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._queue.put((hour, self._file(receipt_id, hour), data, future))
-        await asyncio.wrap_future(future)
+        path = self._file(receipt_id, hour)
+        try:
+            try:
+                self._write(hour, path, data)
+            except FileNotFoundError:  # its folder was removed under us: once more
+                self._folders.discard(hour)
+                self._write(hour, path, data)
+        except OSError as exc:
+            raise ReceiptWriteError(f"receipt {path.name}: {exc}") from None
 
     def get(self, receipt_id: str, now: float | None = None) -> Stored | None:
         """Blocking (call it off the event loop). None: unknown, malformed or expired."""
@@ -98,26 +96,6 @@ class ReceiptStore:
                 removed += 1
         return removed
 
-    def _run(self) -> None:
-        while True:
-            batch = [self._queue.get()]
-            while len(batch) < 256 and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            for item in batch:
-                if item is _STOP:
-                    return
-                hour, path, data, future = item
-                try:
-                    try:
-                        self._write(hour, path, data)
-                    except FileNotFoundError:  # its folder was removed under us: once more
-                        self._folders.discard(hour)
-                        self._write(hour, path, data)
-                except OSError as exc:
-                    future.set_exception(ReceiptWriteError(f"receipt {path.name}: {exc}"))
-                else:
-                    future.set_result(None)
-
     def _write(self, hour: int, path: Path, data: bytes) -> None:
         if hour not in self._folders:
             with contextlib.suppress(FileExistsError):
@@ -129,7 +107,3 @@ class ReceiptStore:
                 raise OSError("short write")
         finally:
             os.close(fd)
-
-    def close(self) -> None:
-        self._queue.put(_STOP)
-        self._thread.join()

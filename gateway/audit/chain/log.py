@@ -13,6 +13,7 @@ import concurrent.futures
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -62,6 +63,14 @@ class Appended:
     line: bytes = b""
 
 
+@dataclass(frozen=True, slots=True)
+class _Hooked:
+    """A record with what to run, on the writer thread, once it is written."""
+
+    entry: dict[str, Any]
+    after: Callable[[Appended], None]
+
+
 class AuditLog:
     """Append-only audit log. fsync "always": each append is durable when it returns (records
     that arrive together share one fsync). "batch": an append returns once written to the OS; a
@@ -106,12 +115,17 @@ class AuditLog:
         self._thread = threading.Thread(target=self._run, name="audit-log", daemon=True)
         self._thread.start()
 
-    async def append(self, record: dict[str, Any]) -> Appended:
-        """Write one record (JSON-serialisable, without the keys seq, kind, tag)."""
+    async def append(
+        self, record: dict[str, Any], after: Callable[[Appended], None] | None = None
+    ) -> Appended:
+        """Write one record (JSON-serialisable, without the keys seq, kind, tag). `after` runs
+        on the writer thread once the record is written, with where it landed (the answer's
+        receipt is written there: no second hand-off); what it raises, `append` raises."""
         if RESERVED & record.keys():
             raise ValueError(f"audit records may not set {sorted(RESERVED & record.keys())}")
         orjson.dumps(record)  # a record that cannot be encoded is the caller's error, not the log's
-        appended: Appended = await self._put({"kind": "record", **record})
+        entry = {"kind": "record", **record}
+        appended: Appended = await self._put(entry if after is None else _Hooked(entry, after))
         return appended
 
     @property
@@ -177,7 +191,10 @@ class AuditLog:
                 self._fail(f"audit write failed: {exc}", [*items, *((None, f) for f in asks)])
                 return
             for (_, future), result in zip(items, results, strict=True):
-                future.set_result(result)
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
             if asks and self._tlog is not None and self._tlog.current:
                 for future in asks:
                     future.set_result(self._tlog.note)
@@ -204,12 +221,20 @@ class AuditLog:
             batch.append(self._queue.get_nowait())
         return batch
 
-    def _write(self, entry: dict[str, Any]) -> Appended:
+    def _write(self, item: dict[str, Any] | _Hooked) -> Appended | Exception:
+        entry = item.entry if isinstance(item, _Hooked) else item
         seq = self._file.write(entry)
         tlog = self._tlog
         if tlog is None:
-            return Appended(seq)
-        return Appended(seq, tlog.identity.origin, tlog.last_leaf, tlog.last_line)
+            appended = Appended(seq)
+        else:
+            appended = Appended(seq, tlog.identity.origin, tlog.last_leaf, tlog.last_line)
+        if isinstance(item, _Hooked):
+            try:
+                item.after(appended)
+            except Exception as exc:  # the hook's failure is its caller's, never the log's
+                return exc
+        return appended
 
     def _fail(self, reason: str, items: list[tuple[Any, concurrent.futures.Future[Any]]]) -> None:
         with self._lock:  # no append can enqueue after this drain
