@@ -85,7 +85,7 @@ _VALUES = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(_VALUES)
 def test_fast_path_equals_the_reference(value: object) -> None:
     assert canonical(value) == rfc8785.dumps(value)
