@@ -37,12 +37,15 @@ from gateway.fleet.metrics import FLEET_METRICS, FleetMetrics
 from gateway.inputs.paths import PROXIED_PATHS
 from gateway.listener.edge import EDGE, Edge
 from gateway.listener.load import IN_FLIGHT, InFlight, busy
+from gateway.log_api import add_log_routes
 from gateway.metrics import METRICS, Metrics
 from gateway.models_api import add_routes
 from gateway.observe import failed, finish
 from gateway.policy.model import Policy
 from gateway.policy.reload import HOLDER, RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
+from gateway.receipts.service import RECEIPTS, Receipts, receipts_ctx
+from gateway.receipts_api import add_receipt_routes
 from gateway.relay.session import SESSION, session_ctx
 from gateway.routing.failover import failover
 from gateway.routing.liveness import LIVENESS, Liveness, LivenessCollector, readyz
@@ -51,6 +54,7 @@ from gateway.shared import open_shared
 from gateway.state import (
     ADMISSION,
     ADMITTED,
+    RECEIPT_ID,
     REQUEST_ID,
     ROUTE,
     RUNTIME,
@@ -64,6 +68,7 @@ from gateway.verify.reach import ReachCollector
 from gateway.verify.service import VERIFY, Verification, remove_state_dir, state_dir_for
 from gateway.verify.watch import WATCH, Watch
 from kvfence.logs import redact_headers
+from kvfence.receipt import RECEIPT_HEADER
 
 CHAIN: Final[tuple[Filter, ...]] = (
     authenticate,
@@ -135,7 +140,8 @@ async def frame(
     except GatewayError as exc:
         status = exc.status
         failed(request, exc)
-        return error_response(exc, rid)
+        receipt = request.get(RECEIPT_ID)  # an exchange settled with this error has a receipt
+        return error_response(exc, rid, headers={RECEIPT_HEADER: receipt} if receipt else None)
     except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
         status = 404
         return error_response(NotFound(f"no route for {request.method} {request.path}"), rid)
@@ -190,6 +196,7 @@ def create_app(
     app[LIVENESS] = Liveness()
     app[EDGE] = Edge(app[METRICS])
     app[AUDIT_SINK] = AuditSink(policy.gateway.audit_log, worker)
+    app[RECEIPTS] = Receipts()
     temporary = False
     if state_dir is None:
         state_dir, temporary = state_dir_for(policy)
@@ -213,6 +220,7 @@ def create_app(
     app[METRICS].add_collector(ReachCollector(app[WATCH].reach))
     app.cleanup_ctx.append(session_ctx)
     app.cleanup_ctx.append(audit_sink_ctx)
+    app.cleanup_ctx.append(receipts_ctx)
     app.cleanup_ctx.append(_verify_ctx(temporary))
     if reload_from is not None:
         reloader = Reloader(reload_from, app[HOLDER], app[METRICS], reload_interval_s)
@@ -221,6 +229,8 @@ def create_app(
     for path in sorted(PROXIED_PATHS):
         app.router.add_post(path, proxied)
     add_routes(app)
+    add_receipt_routes(app)
+    add_log_routes(app)
     app.router.add_get("/healthz", healthz)  # the two PROBES: answered whatever the caps
     app.router.add_get("/readyz", readyz)
     return app

@@ -4,9 +4,10 @@ answer (the app's middleware, the edge, the connection caps and the exchange all
 
 GatewayError
 ├── BadRequest (400): ClientInputRejected, MissingScopeValue, MalformedRequest (edge),
-│   MalformedBody, UnknownField, PublicMarkRefused
+│   MalformedBody, UnknownField, PublicMarkRefused, CosignatureRefused
 ├── Unauthenticated (401)
-├── NotFound (404): ModelNotFound (unknown and forbidden models alike)
+├── NotFound (404): ModelNotFound (unknown and forbidden models alike), ReceiptNotFound
+│   (unknown, expired and other tenants' receipts alike), ProofPending, LogNotFound
 ├── MethodNotAllowed (405, edge), RequestTimeout (408), BodyTooLarge (413), RateLimited (429)
 ├── UnsupportedEncoding (415), NotSupported (501), VersionNotSupported (505, edge)
 ├── UpstreamUnavailable, AttestationRefused, AuditWriteFailed, AnswerTooLarge, HandleRefused (502)
@@ -110,6 +111,29 @@ class RateLimited(GatewayError):
     status, type, code = 429, "rate_limit_error", "rate_limit_exceeded"
 
 
+class ReceiptNotFound(NotFound):
+    """Unknown, expired and other tenants' receipts alike: ids cannot be probed."""
+
+    code = "receipt_not_found"
+
+    def __init__(self) -> None:
+        super().__init__("no such receipt (unknown, expired, or not yours)")
+
+
+class ProofPending(NotFound):
+    """No checkpoint covers the receipt's record yet (another worker's chain: retry shortly)."""
+
+    code = "proof_pending"
+
+
+class LogNotFound(NotFound):
+    code = "log_not_found"
+
+
+class CosignatureRefused(BadRequest):
+    code = "cosignature_refused"
+
+
 class MethodNotAllowed(GatewayError):
     """A method the listener does not serve; `allow` is sent as `Allow`."""
 
@@ -207,6 +231,11 @@ def error_body(error: GatewayError) -> bytes:
     return orjson.dumps(
         {"error": {"message": error.message, "type": error.type, "code": error.code}}
     )
+
+
+def error_event(error: GatewayError) -> bytes:
+    """The SSE `error` event that ends a stream that has begun (never followed by `[DONE]`)."""
+    return b"\n\nevent: error\ndata: " + error_body(error) + b"\n\n"
 
 
 def error_response(

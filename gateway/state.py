@@ -72,3 +72,9 @@ CANDIDATES: web.RequestKey[tuple[Route, ...]] = web.RequestKey(
 )  # filters.replica
 UNSCOPED_BODY = web.RequestKey("kvfence_unscoped_body", bytes)  # filters.replica
 USED_TOKENS = web.RequestKey("kvfence_used_tokens", int)  # audit.settle: what the answer used
+# The request body exactly as received (decoded), for its receipt's request.received digest.
+RECEIVED_BODY = web.RequestKey("kvfence_received_body", bytes)  # filters.body
+# The user or session id the namespace was derived with ("" for tenant scope).
+SCOPE_VALUE = web.RequestKey("kvfence_scope_value", str)  # filters.namespace
+# The receipt id of the answer's settled exchange (an error answer carries it too).
+RECEIPT_ID = web.RequestKey("kvfence_receipt_id", str)  # receipts.service

@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "keygen": ("kvfence.keygen_cli", "create an Ed25519 key pair for handles or attestations"),
     "backend": ("backend.cli", "run the kvfence inference backend"),
     "audit": ("gateway.audit.cli", "verify a tamper-evident audit log"),
+    "receipt": ("kvfence.receipt_cli", "verify an answer's receipt offline"),
+    "witness": ("kvfence.witness_cli", "check and cosign a gateway's audit log checkpoints"),
     "admin": ("gateway.admin_cli", "status, canary rounds and quarantine release of a gateway"),
     "probe": (
         "kvfence.probe.cli",

@@ -181,7 +181,7 @@ def floor(url: str, core: int | None, nice: int = 0) -> contextlib.AbstractConte
     return _announcing(cmd, (core, nice), "the aiohttp floor")
 
 
-def _policy_text(upstreams: Mapping[str, int], digest: str) -> str:
+def _policy_text(upstreams: Mapping[str, int], digest: str, gateway_lines: str = "") -> str:
     """One `vllm`-kind backend per model (the first is `fake`, as the overhead bench names it)."""
     backends = "".join(
         f"""  - name: {"fake" if i == 0 else f"fake-{model}"}
@@ -201,7 +201,7 @@ gateway:
   limits: {{max_connections: 8192, max_body_bytes: 4194304}}
   admin: {{port: 0}}
   access_log: false
-backends:
+{gateway_lines}backends:
 {backends}tenants:
   - id: bench
     api_keys: ["{digest}"]
@@ -234,20 +234,26 @@ def gateway(
     *,
     models: Mapping[str, int] | None = None,
     workers: int = 1,
+    gateway_lines: str = "",
+    env_extra: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[Server, str]]:
     """`kvfence gateway --workers N` in front of the upstream, with throwaway secrets; yields the
     server and a tenant API key. With `source`, the gateway's code is imported from there;
-    `models` maps each model to its own upstream port (default: MODEL on `upstream_port`)."""
+    `models` maps each model to its own upstream port (default: MODEL on `upstream_port`);
+    `gateway_lines` are added to the policy's `gateway:` section (with `env_extra` for their
+    secrets)."""
     pepper = secrets.token_urlsafe(24)
     key = mint_key()
     env = dict(os.environ)
     env["KVFENCE_BENCH_NS_KEY"] = secrets.token_urlsafe(48)
     env["KVFENCE_BENCH_PEPPER"] = pepper
+    env.update(env_extra or {})
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="kvfence-bench-") as tmp:
         policy = Path(tmp) / "policy.yaml"
         upstreams = models if models is not None else {MODEL: upstream_port}
-        policy.write_text(_policy_text(upstreams, key_digest(pepper.encode(), key)))
+        digest = key_digest(pepper.encode(), key)
+        policy.write_text(_policy_text(upstreams, digest, gateway_lines))
         cmd = [sys.executable, "-m", "kvfence.cli", "gateway", "--policy", str(policy)]
         cmd += ["--workers", str(workers)]
         # `python -m` puts the working folder first on sys.path: run from `source` to import it.

@@ -7,8 +7,9 @@ Invariant: the prompt is recorded in the detective's history before the request 
 and the answer's text right after the answer completes; no byte reaches the client before the
 judgement that allows it, nor a stream's first byte before its record is open; `judge` and
 `settle` are called from here and nowhere else, and every exchange is settled exactly once,
-failures and clients that leave included. An answer that ends without its usage is charged what
-it is known to have cost (`estimate`).
+failures and clients that leave included; every byte handed to the client is counted in the
+answer's receipt (when its tenant gets one) before it is settled. An answer that ends without
+its usage is charged what it is known to have cost (`estimate`).
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ from gateway.errors import (
     GatewayError,
     HandleRefused,
     UpstreamUnavailable,
+    error_body,
+    error_event,
 )
 from gateway.inputs.paths import RESPONSES
+from gateway.receipts import draft as receipts
 from gateway.state import (
     BODY,
     DROP_USAGE,
@@ -59,6 +63,7 @@ from gateway.verify.scan import AnswerScan
 from gateway.verify.service import VERIFY, Verification
 from gateway.verify.shapes import of_request
 from gateway.verify.watch import WATCH
+from kvfence.receipt import RECEIPT_HEADER
 
 log = logging.getLogger("kvfence.gateway.proxy")
 _NONE: Final[frozenset[str]] = frozenset()  # no public part: nearly every request
@@ -94,10 +99,12 @@ class Exchange:
         "first",
         "headers",
         "judgement",
+        "receipt",
     )
 
     def __init__(self, request: web.Request, verification: Verification) -> None:
         self._request = request
+        self.receipt = receipts.start(request)
         self._timing = request[TIMING]
         route, parts = request[ROUTE], request.get(PUBLIC, ())
         self.ctx = AuditContext(
@@ -178,11 +185,12 @@ class Exchange:
         self.body = strip_body(body, parsed)
         await self._finish()
         self.judgement = judgement = judge(self.ctx, answer)
-        self.headers = {
-            "x-request-id": self.ctx.request_id,
-            VERDICT_HEADER: judgement.verdict.value,
-        }
-        return await settle(self._request, self.ctx, answer, judgement)
+        self._set_headers()
+        if self.receipt is not None:
+            self.receipt.replace(body)  # the client gets these bytes unless settle withholds them
+            if isinstance(parsed, dict) and isinstance(parsed.get("id"), str):
+                self.receipt.chat_id = parsed["id"]
+        return await settle(self._request, self.ctx, answer, judgement, receipt=self.receipt)
 
     async def head(self, event: bytes | None) -> web.Response | None:
         """A stream's first event (None: it never completed), read only when `attested`.
@@ -199,17 +207,30 @@ class Exchange:
         # answer's cached-token count never reaches the client.
         self._usage = UsageScanner(self._request[DROP_USAGE], hold=self._observation is not None)
         self.judgement = judgement = judge(self.ctx, self.answer)
-        self.headers = {
-            "x-request-id": self.ctx.request_id,
-            VERDICT_HEADER: judgement.verdict.value,
-        }
+        self._set_headers()
         if judgement.blocked:
-            return await settle(self._request, self.ctx, self.answer, judgement)
+            return await settle(
+                self._request, self.ctx, self.answer, judgement, receipt=self.receipt
+            )
         await open_stream(self._request, self.ctx, self.answer, judgement)  # or nothing is sent
         if first:
             self._scan.events(first)  # as the backend sent it: a second attestation counts
             self._relayed += self.first.count(b"data:")
+            self._sent(self.first)
         return None
+
+    def _set_headers(self) -> None:
+        self.headers = {
+            "x-request-id": self.ctx.request_id,
+            VERDICT_HEADER: self.judgement.verdict.value,
+        }
+        if self.receipt is not None:
+            self.headers[RECEIPT_HEADER] = self.receipt.receipt_id
+
+    def _sent(self, data: bytes) -> bytes:
+        if self.receipt is not None and data:
+            self.receipt.sent(data)
+        return data
 
     def events(self, chunk: bytes) -> bytes:
         """Upstream bytes in; the bytes to send the client now out. Complete events pass once
@@ -245,7 +266,7 @@ class Exchange:
             if cut >= 0:
                 out, self._done = out[:cut], out[cut:]
         self._relayed += out.count(b"data:")
-        return out
+        return self._sent(out)
 
     async def end(self) -> bytes:
         """The backend's stream ended: the whole answer is judged (now with its usage and the
@@ -265,8 +286,10 @@ class Exchange:
         self.judgement = judge(self.ctx, answer)  # now with the usage and the detective's check
         if self.judgement.blocked:
             raise _refused(self.judgement)
-        await settle(self._request, self.ctx, answer, self.judgement)  # AuditWriteFailed: it ends
-        return self._suspect + usage.held() + self._done + usage.tail()
+        rest = self._sent(self._suspect + usage.held() + self._done + usage.tail())
+        # AuditWriteFailed: it ends the stream
+        await settle(self._request, self.ctx, answer, self.judgement, receipt=self.receipt)
+        return rest
 
     async def fail(self, error: GatewayError) -> None:
         """The exchange ends with `error` (the upstream failed, or a stream was cut): settled
@@ -280,6 +303,9 @@ class Exchange:
             log.warning("stream cut", extra=fields)
             if not self._withheld:
                 self.answer.prompt_tokens = self._usage.prompt_tokens
+            self._sent(error_event(error))  # the event that ends the stream
+        elif self.receipt is not None:
+            self.receipt.replace(error_body(error))  # the error answer the client gets instead
         self.estimate(sent=bool(self.answer.status))
         with contextlib.suppress(AuditWriteFailed):
             await settle(
@@ -289,6 +315,7 @@ class Exchange:
                 self.judgement,
                 status=error.status,
                 reason=error.code,
+                receipt=self.receipt,
             )
 
     async def left(self, reason: str) -> None:
@@ -309,6 +336,7 @@ class Exchange:
             self.judgement,
             status=CLIENT_CLOSED,
             reason=reason,
+            receipt=self.receipt,
         )
         with contextlib.suppress(AuditWriteFailed):
             await asyncio.shield(left)

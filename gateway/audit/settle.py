@@ -1,31 +1,37 @@
-"""Settle: the one place a judgement becomes what the client gets and its final audit record:
-the verdict is counted, logged when it is not clean, and written to the audit log; a violation
-is reported to the watch (a live marker quarantines; a detective finding triggers a canary round
+"""Settle: the one place a judgement becomes what the client gets, its final audit record and
+(for a tenant with receipts) the answer's signed receipt: the verdict is counted, logged when it
+is not clean, and written to the audit log; the receipt names that record; a violation is
+reported to the watch (a live marker quarantines; a detective finding triggers a canary round
 shaped like the request); a withheld answer is replaced by a local error. Before a stream's
 first byte, `open_stream` writes the record that settling it completes. Only the exchange calls
 either.
 
 Invariant: every request that reached the upstream step is settled exactly once; a stream's
-record is opened before a byte of it reaches the client; a record that cannot be written raises
-`AuditWriteFailed`, so the answer fails closed (a stream before its first byte).
+record is opened before a byte of it reaches the client; a record or a receipt that cannot be
+written raises `AuditWriteFailed`, so the answer fails closed (a stream before its first byte).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final, NoReturn
 
 from aiohttp import web
 
-from gateway.audit.chain.log import AuditWriteError
+from gateway.audit.chain.log import Appended, AuditWriteError
 from gateway.audit.judge import Answer, AuditContext, Judgement, record
 from gateway.audit.sink import AUDIT_SINK
 from gateway.errors import AttestationRefused, AuditWriteFailed, error_response
 from gateway.metrics import METRICS, Metrics
-from gateway.state import BODY, RUNTIME, USED_TOKENS
+from gateway.receipts.draft import Draft
+from gateway.receipts.service import RECEIPTS
+from gateway.receipts.store import ReceiptWriteError
+from gateway.state import BODY, RECEIPT_ID, RUNTIME, USED_TOKENS
 from gateway.verify.evidence import canary_reason
 from gateway.verify.shapes import of_request
 from gateway.verify.watch import WATCH
+from kvfence.receipt import RECEIPT_HEADER
 from kvfence.verdict import Verdict
 
 VERDICT_HEADER: Final = "x-kvfence-verdict"
@@ -56,33 +62,49 @@ async def settle(
     *,
     status: int | None = None,
     reason: str | None = None,
+    receipt: Draft | None = None,
 ) -> web.Response | None:
-    """Count, log and record the judgement. Returns the local answer that replaces a withheld
-    response, else None. `status` and `reason` describe a failed exchange (the client got that
-    status, or left: 499). Raises AuditWriteFailed when the record is lost."""
+    """Count, log and record the judgement, and issue the answer's `receipt` (None: this
+    tenant gets none). Returns the local answer that replaces a withheld response, else None.
+    `status` and `reason` describe a failed exchange (the client got that status, or left:
+    499). Raises AuditWriteFailed when the record or the receipt is lost."""
     assert not answer.settled, "an answer is settled once"
     answer.settled = True
-    refusal = None
+    local = None
     if judgement.blocked:
         refusal = AttestationRefused(
             f"the response was withheld: its audit verdict is {judgement.verdict.value}"
         )
         status, reason = refusal.status, refusal.code
+        headers = {VERDICT_HEADER: judgement.verdict.value}
+        if receipt is not None:
+            headers[RECEIPT_HEADER] = receipt.receipt_id
+        local = error_response(refusal, ctx.request_id, headers=headers)
+        if receipt is not None:
+            receipt.replace(bytes(local.body))  # type: ignore[arg-type]
     final_status = answer.status if status is None else status
     if answer.total_tokens or answer.estimated_tokens:
         request[USED_TOKENS] = answer.total_tokens or answer.estimated_tokens
     _count(request.app[METRICS], ctx, answer, judgement)
     entry = record(ctx, answer, judgement, final_status, reason)
+    if receipt is not None:
+        entry["receipt_id"] = receipt.receipt_id
     if judgement.verdict not in _QUIET:
         log.warning("audit verdict", extra={"rid": ctx.request_id, **entry})
-    await _write(request, ctx, entry)
+    policy = request[RUNTIME].policy
+    after = None
+    if receipt is not None:
+        after = request.app[RECEIPTS].writer(
+            policy, receipt, ctx, answer, judgement, final_status, reason
+        )
+    appended = await _write(request, ctx, entry, after)
+    if receipt is not None:
+        if appended is None:
+            _lost(request, ctx, ReceiptWriteError("receipts need the audit log"))
+        request[RECEIPT_ID] = receipt.receipt_id
     if ctx.verifier is None and ctx.backend.verify is not None:
         await _report(request, ctx, answer)
-    if refusal is None:
-        return None
-    return error_response(
-        refusal, ctx.request_id, headers={VERDICT_HEADER: judgement.verdict.value}
-    )
+    return local
 
 
 def _why(ctx: AuditContext, answer: Answer, verdict: Verdict) -> str:
@@ -114,11 +136,25 @@ async def open_stream(
     await _write(request, ctx, record(ctx, answer, judgement, answer.status, None, "open"))
 
 
-async def _write(request: web.Request, ctx: AuditContext, entry: dict[str, object]) -> None:
+async def _write(
+    request: web.Request,
+    ctx: AuditContext,
+    entry: dict[str, Any],
+    after: Callable[[Appended], None] | None = None,
+) -> Appended | None:
+    """Append `entry` (and run `after`, the receipt's writer, on the log's thread); raises
+    AuditWriteFailed when either is lost."""
     settings = request[RUNTIME].policy.gateway.audit_log
     try:
-        await request.app[AUDIT_SINK].append(settings, entry)
-    except AuditWriteError as exc:
-        request.app[METRICS].audit_failures.inc()
-        log.error("audit write failed", extra={"rid": ctx.request_id, "error": str(exc)})
-        raise AuditWriteFailed("the audit record could not be written") from None
+        return await request.app[AUDIT_SINK].append(settings, entry, after)
+    except (AuditWriteError, ReceiptWriteError) as exc:
+        _lost(request, ctx, exc)
+
+
+def _lost(request: web.Request, ctx: AuditContext, exc: Exception) -> NoReturn:
+    request.app[METRICS].audit_failures.inc()
+    receipt_lost = isinstance(exc, ReceiptWriteError)
+    event = "receipt write failed" if receipt_lost else "audit write failed"
+    log.error(event, extra={"rid": ctx.request_id, "error": str(exc)})
+    lost = "the answer's receipt" if receipt_lost else "the audit record"
+    raise AuditWriteFailed(f"{lost} could not be written") from None

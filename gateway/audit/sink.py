@@ -13,19 +13,43 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 from aiohttp import web
 
 from gateway.audit.chain.format import worker_path
-from gateway.audit.chain.log import AuditLog, AuditWriteError
-from gateway.policy.model import AuditLogSettings
+from gateway.audit.chain.log import Appended, AuditLog, AuditWriteError
+from gateway.audit.chain.transparency import LogIdentity
+from gateway.policy.model import AuditLogSettings, CheckpointSettings
+from kvfence.note import ED25519, Signer
 
 log = logging.getLogger("kvfence.gateway.audit")
 _UNSET = object()
 RETRY_S: Final = 1.0  # how often a failed log is reopened
-__all__ = ["AUDIT_SINK", "AuditSink", "audit_sink_ctx", "open_log", "worker_path"]
+__all__ = [
+    "AUDIT_SINK",
+    "AuditSink",
+    "audit_sink_ctx",
+    "log_identity",
+    "log_signer",
+    "open_log",
+    "worker_path",
+]
+
+
+def log_signer(checkpoints: CheckpointSettings) -> Signer:
+    """The note signer of the log's checkpoints (its key's name is the log's name)."""
+    return Signer(checkpoints.name, ED25519, checkpoints.key)
+
+
+def log_identity(settings: AuditLogSettings, worker: int | None = None) -> LogIdentity | None:
+    """Who signs this worker's chain's checkpoints, under which origin (NAME, or NAME/wK)."""
+    checkpoints = settings.checkpoints
+    if checkpoints is None:
+        return None
+    origin = checkpoints.name if worker is None else f"{checkpoints.name}/w{worker}"
+    return LogIdentity(origin, log_signer(checkpoints), checkpoints.interval_s)
 
 
 def open_log(settings: AuditLogSettings, worker: int | None = None) -> AuditLog:
@@ -38,6 +62,7 @@ def open_log(settings: AuditLogSettings, worker: int | None = None) -> AuditLog:
         batch_max_ms=settings.batch_max_ms,
         rotate_bytes=settings.rotate_bytes,
         anchor=None if settings.anchor is None else worker_path(settings.anchor, worker),
+        identity=log_identity(settings, worker),
     )
 
 
@@ -99,20 +124,25 @@ class AuditSink:
             return str(exc)
         return "the audit log is not open" if current is None else current.failed
 
-    async def append(self, settings: AuditLogSettings | None, record: dict[str, Any]) -> bool:
-        """Write `record` to the log `settings` name; False when no log is configured. Raises
-        `AuditWriteError` when it cannot be written."""
+    async def append(
+        self,
+        settings: AuditLogSettings | None,
+        record: dict[str, Any],
+        after: Callable[[Appended], None] | None = None,
+    ) -> Appended | None:
+        """Write `record` to the log `settings` name: where it landed, or None when no log is
+        configured (`after` then never runs); `after` runs once it is written (AuditLog).
+        Raises `AuditWriteError` when it cannot be written, or what `after` raised."""
         try:
             current = await self._current(settings)
         except (AuditWriteError, OSError) as exc:
             log.error("audit log cannot be opened", extra={"error": str(exc)})
             raise AuditWriteError(str(exc)) from exc
         if settings is None:
-            return False
+            return None
         if current is None:
             raise AuditWriteError(f"audit log {settings.path} is not open")
-        await current.append(record)
-        return True
+        return await current.append(record, after)
 
     async def event(self, settings: AuditLogSettings | None, record: dict[str, Any]) -> None:
         """Write a record of something other than an answer (a quarantine transition). A failure
@@ -120,6 +150,20 @@ class AuditSink:
         next answer's record closed (counted there)."""
         with contextlib.suppress(AuditWriteError):
             await self.append(settings, record)
+
+    @property
+    def worker(self) -> int | None:
+        return self._worker
+
+    @property
+    def checkpoints(self) -> int:
+        """Checkpoints the open log signed since it was opened."""
+        return self._log.checkpoints if self._log is not None else 0
+
+    async def checkpoint(self, settings: AuditLogSettings | None) -> str | None:
+        """A signed checkpoint of this worker's chain now (None: no witnessed log)."""
+        current = await self._current(settings)
+        return None if current is None else await current.checkpoint()
 
     async def close(self) -> None:
         self._closed = True

@@ -24,7 +24,7 @@ from gateway.errors import (
 )
 from gateway.inputs import jsonbody
 from gateway.listener.edge import EDGE
-from gateway.state import BODY, RUNTIME
+from gateway.state import BODY, RECEIVED_BODY, RUNTIME
 
 ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
 
@@ -80,3 +80,4 @@ async def read_body(request: web.Request) -> None:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     request[BODY] = body
+    request[RECEIVED_BODY] = raw

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gateway.errors import MissingScopeValue
 from gateway.policy.tenant_model import Scope, Tenant
-from gateway.state import BODY, NAMESPACE, PROMPT_CACHE_KEY, ROUTE, RUNTIME, TENANT
+from gateway.state import BODY, NAMESPACE, PROMPT_CACHE_KEY, ROUTE, RUNTIME, SCOPE_VALUE, TENANT
 
 MAX_SCOPE_VALUE: Final = 512
 
@@ -40,4 +40,5 @@ def _scope_value(tenant: Tenant, body: dict[str, Any], request: web.Request) -> 
 async def derive(request: web.Request) -> None:
     tenant = request[TENANT]
     value = _scope_value(tenant, request[BODY], request)
+    request[SCOPE_VALUE] = value
     request[NAMESPACE] = request[RUNTIME].namespace(tenant, value, request[ROUTE])

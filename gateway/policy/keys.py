@@ -1,4 +1,5 @@
-"""Reading the policy's key material for kvfence backends and the audit log's settings.
+"""Reading the policy's key material for kvfence backends and the audit log's settings (with
+its checkpoints: the witnessed log's name, key, interval and witnesses).
 
 Invariant: key and trust files are read and parsed once, at load; a file that cannot be used is
 a policy error naming the file, the line and the key path, never a failure at request time.
@@ -7,25 +8,31 @@ a policy error naming the file, the line and the key path, never a failure at re
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gateway.policy.model import AuditLogSettings, FsyncMode, HandleKey
+from gateway.policy.model import AuditLogSettings, CheckpointSettings, FsyncMode, HandleKey
 from gateway.policy.node import Node, optional
 from gateway.policy.secrets import SecretRef, read_ref, resolve
 from kvfence.keyfile import KEY_ID_RE, KeyFileError, TrustStore, load_private_key
+from kvfence.note import COSIGNATURE, NoteError, Verifier
 
 _F = frozenset
 _AUDIT_REQ: Final = _F({"path", "key"})
-_AUDIT_OPT: Final = _F({"fsync", "batch_max_records", "batch_max_ms", "rotate_bytes", "anchor"})
+_AUDIT_OPT: Final = _F(
+    {"fsync", "batch_max_records", "batch_max_ms", "rotate_bytes", "anchor", "checkpoints"}
+)
 _FILE_ONLY: Final = (
     "must be {file: PATH} (relative to the policy's folder): key material is read from a file"
 )
 MIN_AUDIT_KEY_BYTES: Final = 16
 MAX_HANDLE_TTL_S: Final = 300.0  # the backend's verifier refuses longer lifetimes
+_LOG_NAME_RE: Final = re.compile(r"^[A-Za-z0-9._~:/-]{1,200}$")
 
 
 def _file_ref(node: Node, base: Path) -> tuple[SecretRef, Path]:
@@ -37,14 +44,19 @@ def _file_ref(node: Node, base: Path) -> tuple[SecretRef, Path]:
     return ref, base / ref.name
 
 
+def read_private_key(node: Node, base: Path) -> tuple[SecretRef, Ed25519PrivateKey]:
+    """An Ed25519 private key from `{file: PATH}` (PKCS8 PEM, mode 0600: `kvfence keygen`)."""
+    ref, path = _file_ref(node, base)
+    try:
+        return ref, load_private_key(path)
+    except KeyFileError as exc:
+        node.fail(str(exc))
+
+
 def read_handle_key(node: Node, base: Path) -> HandleKey:
     f = node.mapping(_F({"id", "private_key"}), _F())
     key_id = f["id"].text(KEY_ID_RE, "of [A-Za-z0-9._-], at most 64")
-    ref, path = _file_ref(f["private_key"], base)
-    try:
-        key = load_private_key(path)
-    except KeyFileError as exc:
-        f["private_key"].fail(str(exc))
+    ref, key = read_private_key(f["private_key"], base)
     return HandleKey(key_id, ref, key)
 
 
@@ -79,6 +91,15 @@ def writable_file(node: Node, path: Path) -> Path:
     return path
 
 
+def writable_folder(node: Node, path: Path) -> Path:
+    """`path` must be an existing folder this process can create files in."""
+    if not path.is_dir():
+        node.fail(f"folder {path} does not exist: create it (mkdir -m 700) or change the path")
+    if not os.access(path, os.W_OK | os.X_OK):
+        node.fail(f"folder {path} is not writable by this user: fix its owner or mode")
+    return path
+
+
 def _anchor(node: Node, path: Path, log_path: Path) -> Path:
     """The anchor must live outside the log's folder: whoever can rewrite the log there must not
     be able to rewrite the anchor too."""
@@ -102,5 +123,28 @@ def read_audit_log(node: Node, env: Mapping[str, str], base: Path) -> AuditLogSe
             batch_max_records=lambda n: n.integer(1, 1 << 20),
             rotate_bytes=lambda n: n.integer(4096, 1 << 40),
             anchor=lambda n: _anchor(n, base / n.text(), path),
+            checkpoints=lambda n: read_checkpoints(n, base),
         ),
+    )
+
+
+def read_checkpoints(node: Node, base: Path) -> CheckpointSettings:
+    f = node.mapping(_F({"name", "key"}), _F({"interval_s", "witnesses"}))
+    name = f["name"].text(_LOG_NAME_RE, "a key name such as example.com/kvfence (no spaces or +)")
+    ref, key = read_private_key(f["key"], base)
+    witnesses = []
+    for item in f["witnesses"].items() if "witnesses" in f else []:
+        try:
+            witness = Verifier.parse(item.text())
+        except NoteError as exc:
+            item.fail(str(exc))
+        if witness.kind != COSIGNATURE:
+            item.fail("a witness's key is a cosignature key (type 0x04): `kvfence witness keygen`")
+        witnesses.append(witness.vkey)
+    return CheckpointSettings(
+        name,
+        ref,
+        key,
+        witnesses=tuple(witnesses),
+        **optional(f, interval_s=lambda n: n.number(0.05, 3600.0)),
     )

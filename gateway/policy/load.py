@@ -28,6 +28,7 @@ from gateway.policy.model import (
 )
 from gateway.policy.node import Bail, Node, PolicyError, compose, guarded, optional
 from gateway.policy.public import read_public
+from gateway.policy.receipts import read_receipts
 from gateway.policy.secrets import resolve
 from gateway.policy.tenant_model import PublicSettings
 from gateway.policy.tenants import read_tenants
@@ -42,6 +43,7 @@ _GATEWAY_REQ = _F({"namespace_keys", "api_key_pepper"})
 _GATEWAY_OPT = _F(
     {"listen", "client_inputs", "timeouts", "limits", "access_log", "handle_key", "handle_ttl_s"}
     | {"audit_log", "unknown_fields", "admin", "state_dir", "history", "routing", "shared"}
+    | {"receipts"}
 )
 T = TypeVar("T")
 _HOST_RE = re.compile(r"^[A-Za-z0-9.:_-]+$")
@@ -113,6 +115,7 @@ def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
         "history": read_history,
         "routing": read_routing,
         "shared": lambda n: read_shared(n, env, base),
+        "receipts": lambda n: read_receipts(n, base),
     }
     keys = guarded(lambda: _keys(f["namespace_keys"], env, base))
     pepper = guarded(lambda: resolve(f["api_key_pepper"], env, base, MIN_PEPPER_BYTES))
@@ -120,6 +123,12 @@ def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
     settings = optional(f, **{k: partial(_section, read) for k, read in readers.items()})
     if keys is None or pepper is None or None in settings.values():
         raise Bail()
+    audit = settings.get("audit_log")
+    if "receipts" in settings and (audit is None or audit.checkpoints is None):
+        f["receipts"].fail(
+            "receipts name their answer's record in the witnessed audit log: set "
+            "gateway.audit_log with its checkpoints (name, key)"
+        )
     return GatewaySettings(namespace_keys=keys, api_key_pepper=pepper, **settings)
 
 

@@ -81,6 +81,19 @@ class HandleKey:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointSettings:
+    """The audit log as a witnessed log: `name` is its checkpoints' origin (NAME/wK for worker
+    K's chain), `key` signs them (and names the gateway: receipts' workload_id), at most one per
+    `interval_s` while it grows; cosignatures are accepted from `witnesses` (vkeys)."""
+
+    name: str
+    key_ref: SecretRef
+    key: Ed25519PrivateKey = field(repr=False, compare=False)
+    interval_s: float = 1.0
+    witnesses: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class AuditLogSettings:
     """Where and how the audit log is written; equal settings keep the open log on reload."""
 
@@ -91,6 +104,31 @@ class AuditLogSettings:
     batch_max_ms: float = 50.0
     rotate_bytes: int = 64 << 20
     anchor: Path | None = None  # outside the log's folder: makes rollback detectable
+    checkpoints: CheckpointSettings | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptKeySpec:
+    """One receipt signing key: the active one signs, the others still verify (rotation)."""
+
+    id: str
+    ref: SecretRef
+    key: Ed25519PrivateKey = field(repr=False, compare=False)
+    active: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptSettings:
+    """Receipts: kept as files under `path` for `keep_s` (a tenant may keep its own shorter or
+    longer, or have none), signed by the active key of `keys`."""
+
+    path: Path
+    keys: tuple[ReceiptKeySpec, ...]
+    keep_s: float = 7 * 86400.0
+
+    @property
+    def active(self) -> ReceiptKeySpec:
+        return next(k for k in self.keys if k.active)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +205,7 @@ class GatewaySettings:
     history: HistorySettings = HistorySettings()
     routing: RoutingSettings = RoutingSettings()
     shared: SharedSettings | None = None
+    receipts: ReceiptSettings | None = None
 
     @property
     def active_key(self) -> NamespaceKeySpec:

@@ -53,6 +53,15 @@ class TenantPublic:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantReceipts:
+    """Whether this tenant's answers get receipts, and how long they are kept (None: the
+    gateway's `receipts.keep_s`)."""
+
+    enabled: bool = True
+    keep_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Tenant:
     id: str
     api_keys: tuple[str, ...]
@@ -62,6 +71,7 @@ class Tenant:
     limits: TenantLimits = TenantLimits()
     cache: TenantCache = TenantCache()
     public: TenantPublic = TenantPublic()
+    receipts: TenantReceipts = TenantReceipts()
 
 
 @dataclass(frozen=True, slots=True)

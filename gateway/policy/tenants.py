@@ -15,6 +15,7 @@ import yaml
 from gateway.inputs.scoping import is_scoping_header
 from gateway.policy.node import Node, optional, unique_items
 from gateway.policy.public import read_tenant_public
+from gateway.policy.receipts import read_tenant_receipts
 from gateway.policy.tenant_model import Scope, Tenant, TenantCache, TenantLimits
 from kvfence.apikey import TENANT_ID_RE, is_digest
 
@@ -38,7 +39,7 @@ def _key_digests(node: Node, base: Path) -> list[tuple[Node, str]]:
 def _tenant(
     item: Node, served: set[str], unread: set[str], digests: set[str], base: Path
 ) -> Tenant:
-    f = item.mapping(_TENANT_REQ, _F({"scope_header", "limits", "cache", "public"}))
+    f = item.mapping(_TENANT_REQ, _F({"scope_header", "limits", "cache", "public", "receipts"}))
     scope = Scope(f["scope"].choice(tuple(s.value for s in Scope)))
     keys = []
     for entry in f["api_keys"].items():
@@ -67,6 +68,7 @@ def _tenant(
             cache=_cache,
         ),
         public=read_tenant_public(f.get("public"), scope),
+        receipts=read_tenant_receipts(f.get("receipts")),
     )
 
 

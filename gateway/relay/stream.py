@@ -17,7 +17,7 @@ from aiohttp import web
 
 from gateway.audit.events import SSE
 from gateway.audit.exchange import Exchange
-from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable, error_body
+from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable, error_event
 from gateway.relay.failures import describe
 from gateway.relay.reading import first_event_of, read_chunk
 from gateway.state import RUNTIME, TIMING
@@ -89,5 +89,5 @@ async def _end_with_error(resp: web.StreamResponse, error: GatewayError) -> None
     (keep-alive), and no client takes the truncated answer for a complete one."""
     with contextlib.suppress(ConnectionResetError):
         async with asyncio.timeout(5):
-            await resp.write(b"\n\nevent: error\ndata: " + error_body(error) + b"\n\n")
+            await resp.write(error_event(error))
             await resp.write_eof()

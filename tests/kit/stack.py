@@ -73,10 +73,12 @@ def write_policy(
     audit: str = "enforce",
     tenants: dict[str, str] | None = None,
     extra: str = "",
+    audit_log: str = "",
 ) -> Path:
     """The stack's policy; `tenants` replaces a tenant's `scope: tenant` with other settings
     (e.g. `{"globex": "scope: user, cache: {ceiling: 0.5, floor: 0.25}"}`); `extra` is appended
-    (top-level sections such as `public:`)."""
+    (top-level sections such as `public:`); `audit_log` replaces the audit log's line (gateway
+    lines such as `tests.kit.receipts`' witnessed log and receipts)."""
     digests = {t: key_digest(PEPPER.encode(), k) for t, k in keys.api_keys.items()}
     text = textwrap.dedent(f"""\
         version: 1
@@ -101,6 +103,9 @@ def write_policy(
         """)
     settings = {"acme": "scope: tenant", "globex": "scope: tenant", **(tenants or {})}
     text = text.replace("{acme}", settings["acme"]).replace("{globex}", settings["globex"])
+    if audit_log:
+        line = "  audit_log: {path: audit.jsonl, key: {file: audit.key}, fsync: always}\n"
+        text = text.replace(line, audit_log)
     text += extra
     path = keys.folder / f"policy-{audit}.yaml"
     path.write_text(text)
@@ -186,9 +191,12 @@ async def running_stack(
     audit: str = "enforce",
     tenants: dict[str, str] | None = None,
     extra: str = "",
+    audit_log: str = "",
 ) -> AsyncIterator[Stack]:
     backend_runner, backend_url = await serve(backend)
-    policy = write_policy(keys, backend_url, model, audit=audit, tenants=tenants, extra=extra)
+    policy = write_policy(
+        keys, backend_url, model, audit=audit, tenants=tenants, extra=extra, audit_log=audit_log
+    )
     gateway = create_gateway(load_policy(policy))
     gateway_runner = await start(gateway, "127.0.0.1", 0)
     session = aiohttp.ClientSession()

@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ class ChainFile:
         self.fd, self.chain, self.file_id = -1, "", ""
         self.tag, self.seq, self.lines, self.size = GENESIS, 0, 0, 0
         self._lock_fd = -1
+        self.on_line: Callable[[bytes], None] | None = None  # each line as written (the tree)
         self._lock_fd = take_lock(path)
         try:
             self._open()
@@ -195,15 +197,20 @@ class ChainFile:
         if recovery is not None:
             self.write(recovery)
 
-    def write(self, entry: dict[str, Any]) -> None:
-        entry = {**entry, "seq": self.seq}
+    def write(self, entry: dict[str, Any]) -> int:
+        """Append `entry`; returns its sequence number."""
+        seq = self.seq
+        entry = {**entry, "seq": seq}
         entry["tag"] = chain_tag(self.key, self.tag, entry)
         line = orjson.dumps(entry, option=orjson.OPT_SORT_KEYS) + b"\n"
         written = os.write(self.fd, line)
         if written != len(line):
             raise OSError(f"short write ({written} of {len(line)} bytes)")
-        self.tag, self.seq = entry["tag"], self.seq + 1
+        self.tag, self.seq = entry["tag"], seq + 1
         self.lines, self.size = self.lines + 1, self.size + written
+        if self.on_line is not None:
+            self.on_line(line[:-1])
+        return seq
 
     def sync(self) -> None:
         """Make the file durable, then move the checkpoint and the anchor up to it."""

@@ -1,5 +1,6 @@
 """The tamper-evident audit log: one HMAC-chained JSON line per response, written off the event
-loop by one thread (the file itself: `chainfile`; the format: `chain`).
+loop by one thread (the file itself: `chainfile`; the format: `chain`); with a log identity,
+also a witnessed log (`transparency`: the Merkle tree and batched signed checkpoints).
 
 Invariant: `append` returns only once the line is written (and, with fsync "always", durable);
 any failure raises `AuditWriteError` and every later append fails too (fail closed).
@@ -12,6 +13,8 @@ import concurrent.futures
 import queue
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -29,11 +32,14 @@ from gateway.audit.chain.format import (
     rotated_paths,
 )
 from gateway.audit.chain.lock import AuditLocked, AuditWriteError
+from gateway.audit.chain.transparency import LogIdentity, Transparency
 
 _STOP: Final = object()
+_CHECKPOINT: Final = object()  # a queued request for a checkpoint now
 __all__ = [
     "GENESIS",
     "RESERVED",
+    "Appended",
     "AuditLocked",
     "AuditLog",
     "AuditWriteError",
@@ -44,6 +50,25 @@ __all__ = [
     "mac_key",
     "rotated_paths",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Where a record landed: its entry's sequence number, which is its leaf's index in a
+    witnessed log's tree, and there (else empty) the log's origin, the leaf hash and the line."""
+
+    seq: int
+    origin: str = ""
+    leaf: bytes = b""
+    line: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class _Hooked:
+    """A record with what to run, on the writer thread, once it is written."""
+
+    entry: dict[str, Any]
+    after: Callable[[Appended], None]
 
 
 class AuditLog:
@@ -60,9 +85,11 @@ class AuditLog:
         batch_max_ms: float = 50.0,
         rotate_bytes: int = 64 << 20,
         anchor: Path | None = None,
+        identity: LogIdentity | None = None,
     ) -> None:
         """Opens (recovering if need be) the chain at `path`, holding its lock until closed;
-        `anchor` is where its anchor is kept, outside the log's folder."""
+        `anchor` is where its anchor is kept, outside the log's folder; `identity` makes it a
+        witnessed log (its tree and signed checkpoints)."""
         if fsync not in ("always", "batch") or batch_max_records < 1 or batch_max_ms <= 0:
             raise ValueError("bad fsync policy")
         self.path = Path(path)
@@ -75,10 +102,15 @@ class AuditLog:
             self._file = ChainFile(self.path, mac_key(key), anchor)
         except OSError as exc:
             raise AuditWriteError(f"cannot open audit log {self.path}: {exc}") from exc
+        self._tlog: Transparency | None = None
         try:
             self._file.sync()
-        except OSError as exc:
+            if identity is not None:
+                self._tlog = Transparency(self._file, identity)
+        except (OSError, ValueError, AuditWriteError) as exc:
             self._file.close()
+            if isinstance(exc, AuditWriteError):
+                raise
             raise AuditWriteError(f"cannot open audit log {self.path}: {exc}") from exc
         self._thread = threading.Thread(target=self._run, name="audit-log", daemon=True)
         self._thread.start()
@@ -88,20 +120,42 @@ class AuditLog:
         """Why this log writes nothing more (it failed, or was closed), or None."""
         return self._failed
 
-    async def append(self, record: dict[str, Any]) -> None:
-        """Write one record (JSON-serialisable, without the keys seq, kind, tag)."""
+    async def append(
+        self, record: dict[str, Any], after: Callable[[Appended], None] | None = None
+    ) -> Appended:
+        """Write one record (JSON-serialisable, without the keys seq, kind, tag). `after` runs
+        on the writer thread once the record is written, with where it landed (the answer's
+        receipt is written there: no second hand-off); what it raises, `append` raises."""
         if RESERVED & record.keys():
             raise ValueError(f"audit records may not set {sorted(RESERVED & record.keys())}")
         orjson.dumps(record)  # a record that cannot be encoded is the caller's error, not the log's
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        entry = {"kind": "record", **record}
+        appended: Appended = await self._put(entry if after is None else _Hooked(entry, after))
+        return appended
+
+    @property
+    def checkpoints(self) -> int:
+        """Checkpoints signed since the log was opened."""
+        return self._tlog.made if self._tlog is not None else 0
+
+    async def checkpoint(self) -> str | None:
+        """A signed checkpoint of everything appended so far: the current one, or the next
+        (at most the checkpoint interval away); None when the log is not a witnessed one."""
+        if self._tlog is None:
+            return None
+        note: str | None = await self._put(_CHECKPOINT)
+        return note
+
+    async def _put(self, item: Any) -> Any:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
             if self._failed is not None:
                 raise AuditWriteError(self._failed)
-            self._queue.put(({"kind": "record", **record}, future))
+            self._queue.put((item, future))
         # A caller cancelled while its record is queued (its client left) must not cancel the
         # write: the record is written all the same, and the writer thread never meets a future
         # it cannot complete.
-        await asyncio.shield(asyncio.wrap_future(future))
+        return await asyncio.shield(asyncio.wrap_future(future))
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close_sync)
@@ -115,45 +169,84 @@ class AuditLog:
         self._thread.join()
 
     def _run(self) -> None:
-        unsynced, deadline = 0, 0.0
+        unsynced, deadline, asks = 0, 0.0, []
         while True:
-            timeout = max(0.0, deadline - time.monotonic()) if unsynced else None
-            try:
-                batch = [self._queue.get(timeout=timeout)]
-            except queue.Empty:
-                batch = []
-            while len(batch) < 256 and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+            batch = self._next(unsynced, deadline)
             stop = _STOP in batch
             items = [item for item in batch if item is not _STOP]
+            asks += [future for entry, future in items if entry is _CHECKPOINT]
+            items = [item for item in items if item[0] is not _CHECKPOINT]
             try:
                 if items and not unsynced:
                     deadline = time.monotonic() + self._max_s
-                for entry, _ in items:
-                    self._file.write(entry)
+                results = [self._write(entry) for entry, _ in items]
                 unsynced += len(items)
                 if unsynced and (
                     self._fsync == "always"
                     or unsynced >= self._max_records
                     or time.monotonic() >= deadline
                     or stop
+                    or asks
                 ):
                     self._file.sync()
                     unsynced = 0
+                if self._tlog is not None and not unsynced:
+                    self._tlog.after_sync(stop)
                 if self._file.size >= self._rotate_bytes:
                     self._file.rotate()
                     unsynced = 0
             except OSError as exc:
-                self._fail(f"audit write failed: {exc}", items)
+                self._fail(f"audit write failed: {exc}", [*items, *((None, f) for f in asks)])
                 return
-            for _, future in items:
-                if not future.done():
-                    future.set_result(None)
+            for (_, future), result in zip(items, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+            if asks and self._tlog is not None and self._tlog.current:
+                for future in asks:
+                    future.set_result(self._tlog.note)
+                asks = []
             if stop:
+                for future in asks:
+                    future.set_exception(AuditWriteError("audit log closed"))
                 self._file.close()
+                if self._tlog is not None:
+                    self._tlog.close()
                 return
 
-    def _fail(self, reason: str, items: list[tuple[Any, concurrent.futures.Future[None]]]) -> None:
+    def _next(self, unsynced: int, deadline: float) -> list[Any]:
+        """The next batch from the queue, waiting at most until a sync or a checkpoint is due."""
+        waits = [max(0.0, deadline - time.monotonic())] if unsynced else []
+        due = self._tlog.timeout() if self._tlog is not None else None
+        if due is not None:
+            waits.append(due)
+        try:
+            batch = [self._queue.get(timeout=min(waits) if waits else None)]
+        except queue.Empty:
+            batch = []
+        while len(batch) < 256 and not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+        return batch
+
+    def _write(self, item: dict[str, Any] | _Hooked) -> Appended | Exception:
+        entry = item.entry if isinstance(item, _Hooked) else item
+        seq = self._file.write(entry)
+        tlog = self._tlog
+        if tlog is None:
+            appended = Appended(seq)
+        else:
+            appended = Appended(seq, tlog.identity.origin, tlog.last_leaf, tlog.last_line)
+        if isinstance(item, _Hooked):
+            try:
+                item.after(appended)
+            except Exception as exc:  # the hook's failure is its caller's, never the log's
+                return exc
+        return appended
+
+    def _fail(self, reason: str, items: list[tuple[Any, concurrent.futures.Future[Any]]]) -> None:
         with self._lock:  # no append can enqueue after this drain
             self._failed = reason
             while not self._queue.empty():
@@ -161,6 +254,8 @@ class AuditLog:
                 if item is not _STOP:
                     items.append(item)
         self._file.close()
+        if self._tlog is not None:
+            self._tlog.close()
         for _, future in items:
             if not future.done():
                 future.set_exception(AuditWriteError(reason))
