@@ -37,7 +37,7 @@ from gateway.errors import (
     HandleRefused,
     UpstreamUnavailable,
 )
-from gateway.inputs.paths import RESPONSES
+from gateway.inputs.paths import GENERATES, RESPONSES
 from gateway.state import (
     BODY,
     DROP_USAGE,
@@ -123,7 +123,7 @@ class Exchange:
         verification = request.app[VERIFY]
         exchange = cls(request, verification)
         verify = exchange.ctx.backend.verify
-        if verify is not None and verify.detective is not None:
+        if verify is not None and verify.detective is not None and request.path in GENERATES:
             exchange._observation = await verification.detective.record(
                 verify.detective, exchange.ctx.namespace, request.path, request[BODY]
             )

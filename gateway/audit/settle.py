@@ -21,9 +21,9 @@ from gateway.errors import AttestationRefused, AuditWriteFailed, error_response
 from gateway.metrics import METRICS, Metrics
 from gateway.state import RUNTIME, USED_TOKENS
 from gateway.verify.watch import WATCH
+from kvfence.verdict import VERDICT_HEADER as VERDICT_HEADER
 from kvfence.verdict import Verdict
 
-VERDICT_HEADER: Final = "x-kvfence-verdict"
 _QUIET: Final = frozenset({Verdict.CLEAN, Verdict.UNATTESTED, Verdict.VERIFIED, Verdict.UNVERIFIED})
 log = logging.getLogger("kvfence.gateway.audit")
 
