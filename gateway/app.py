@@ -43,6 +43,7 @@ from gateway.observe import failed, finish
 from gateway.policy.model import Policy
 from gateway.policy.reload import HOLDER, RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
+from gateway.registry_admin import open_registry
 from gateway.relay.session import SESSION, session_ctx
 from gateway.routing.failover import failover
 from gateway.routing.liveness import LIVENESS, Liveness, LivenessCollector, readyz
@@ -200,6 +201,7 @@ def create_app(
         state_dir, temporary = state_dir_for(policy)
     app[VERIFY] = Verification(policy, state_dir)
     shared_limits = open_shared(app, policy)  # gateway.shared: health and limits in Redis
+    open_registry(app, policy)  # registry: tenants and keys beside the policy
 
     def backends() -> list[str]:
         return [b.name for b in app[HOLDER].runtime.policy.backends]

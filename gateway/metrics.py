@@ -120,6 +120,12 @@ class Metrics:
         self.reloads = Counter(
             p + "policy_reloads", "Policy reloads by result", ["result"], registry=r
         )
+        self.registry_loads = Counter(
+            p + "registry_loads",
+            "Tenant registry documents read by result (ok, or refused: unreadable, forged)",
+            ["result"],
+            registry=r,
+        )
         self.malformed = Counter(
             p + "malformed_requests",
             "Requests refused at the edge or by the HTTP parser",

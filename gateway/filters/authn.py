@@ -1,4 +1,5 @@
-"""Authentication: the presented API key must map to exactly one tenant (deny by default)."""
+"""Authentication: the presented API key must map to exactly one tenant (deny by default); a
+registry key opens it only while it is neither revoked nor expired."""
 
 from __future__ import annotations
 
@@ -6,7 +7,13 @@ from aiohttp import web
 
 from gateway.errors import Unauthenticated
 from gateway.metrics import METRICS
-from gateway.state import RUNTIME, TENANT
+from gateway.state import API_KEY, RUNTIME, TENANT
+
+_REFUSED = {
+    "unknown": "invalid API key",
+    "revoked": "this API key was revoked: ask for a new one",
+    "expired": "this API key has expired: ask for a new one",
+}
 
 
 def _presented_key(request: web.Request) -> str | None:
@@ -33,8 +40,10 @@ async def authenticate(request: web.Request) -> None:
     if key is None:
         request.app[METRICS].auth_failures.labels("missing").inc()
         raise Unauthenticated("missing API key: send Authorization: Bearer <key> or x-api-key")
-    tenant = request[RUNTIME].tenant_for_key(key)
-    if tenant is None:
-        request.app[METRICS].auth_failures.labels("unknown").inc()
-        raise Unauthenticated("invalid API key")
-    request[TENANT] = tenant
+    who = request[RUNTIME].identify(key)
+    if who.tenant is None:
+        request.app[METRICS].auth_failures.labels(who.refused).inc()
+        raise Unauthenticated(_REFUSED[who.refused])
+    request[TENANT] = who.tenant
+    if who.key is not None:
+        request[API_KEY] = who.key

@@ -16,6 +16,7 @@ import yaml
 from gateway.policy.model import AuditLogSettings, FsyncMode, HandleKey
 from gateway.policy.node import Node, optional
 from gateway.policy.secrets import SecretRef, read_ref, resolve
+from gateway.policy.sources import note
 from kvfence.keyfile import KEY_ID_RE, KeyFileError, TrustStore, load_private_key
 
 _F = frozenset
@@ -41,6 +42,7 @@ def read_handle_key(node: Node, base: Path) -> HandleKey:
     f = node.mapping(_F({"id", "private_key"}), _F())
     key_id = f["id"].text(KEY_ID_RE, "of [A-Za-z0-9._-], at most 64")
     ref, path = _file_ref(f["private_key"], base)
+    note(path)
     try:
         key = load_private_key(path)
     except KeyFileError as exc:
@@ -50,6 +52,7 @@ def read_handle_key(node: Node, base: Path) -> HandleKey:
 
 def read_trust(node: Node, base: Path) -> tuple[SecretRef, TrustStore]:
     ref, path = _file_ref(node, base)
+    note(path)
     try:
         trust = TrustStore.from_file(path)
     except KeyFileError as exc:

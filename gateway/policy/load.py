@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,12 +24,15 @@ from gateway.policy.model import (
     Listen,
     NamespaceKeySpec,
     Policy,
+    RegistrySettings,
+    RegistryStore,
     Timeouts,
     UnknownFieldMode,
 )
 from gateway.policy.node import Bail, Node, PolicyError, compose, guarded, optional
 from gateway.policy.public import read_public
 from gateway.policy.secrets import resolve
+from gateway.policy.sources import recording
 from gateway.policy.tenant_model import PublicSettings
 from gateway.policy.tenants import read_tenants
 from gateway.policy.verify import read_admin, read_history
@@ -37,7 +41,7 @@ from kvfence.namespace import KEY_ID_RE, MIN_SECRET_BYTES
 
 _F = frozenset
 _TOP = _F({"version", "gateway", "backends", "tenants"})
-_TOP_OPT = _F({"public"})
+_TOP_OPT = _F({"public", "registry"})
 _GATEWAY_REQ = _F({"namespace_keys", "api_key_pepper"})
 _GATEWAY_OPT = _F(
     {"listen", "client_inputs", "timeouts", "limits", "access_log", "handle_key", "handle_ttl_s"}
@@ -135,6 +139,27 @@ def _unknown_fields(node: Node) -> UnknownFieldMode:
     return UnknownFieldMode(node.choice(("drop", "reject")))
 
 
+def _registry(node: Node, gateway: GatewaySettings) -> RegistrySettings:
+    """`registry: true`, or `{store: file|redis, path: FILE}` (path relative to the policy)."""
+    if node.node.tag == "tag:yaml.org,2002:bool":
+        if not node.boolean():
+            node.fail("must be true or a mapping (leave it out for no registry)")
+        f: dict[str, Node] = {}
+    else:
+        f = node.mapping(_F(), _F({"store", "path"}))
+    default = RegistryStore.REDIS if gateway.shared is not None else RegistryStore.FILE
+    store = RegistryStore(f["store"].choice(tuple(RegistryStore))) if "store" in f else default
+    if store is RegistryStore.REDIS and gateway.shared is None:
+        node.fail("store redis needs gateway.shared (the Redis the replicas share)")
+    if "path" in f:
+        path = Path(f["path"].text())
+    elif gateway.state_dir is not None:
+        path = gateway.state_dir / "registry.json"
+    else:
+        node.fail("the registry is kept under gateway.state_dir: set state_dir (or registry.path)")
+    return RegistrySettings(store, path)
+
+
 def parse_policy(
     text: str,
     source: str = "<policy>",
@@ -158,9 +183,14 @@ def parse_policy(
     public = PublicSettings()
     if "public" in fields:
         public = guarded(lambda: read_public(fields["public"], served | unread, base)) or public
+    registry = None
+    if "registry" in fields and settings is not None:
+        registry = guarded(lambda: _registry(fields["registry"], settings))
+        if registry is not None and not registry.path.is_absolute():
+            registry = RegistrySettings(registry.store, base / registry.path)
     if errors.lines or version is None or settings is None:
         raise PolicyError(errors.lines)
-    return Policy(source, version, settings, backends, tenants, public)
+    return Policy(source, version, settings, backends, tenants, public, registry)
 
 
 def load_policy(path: str | Path) -> Policy:
@@ -179,4 +209,10 @@ def load_policy(path: str | Path) -> Policy:
         raise PolicyError(
             [f"{path}:{line}: (file): not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x})"]
         ) from None
-    return parse_policy(text, str(path), base=path.parent)
+    with recording() as read:
+        try:
+            policy = parse_policy(text, str(path), base=path.parent)
+        except PolicyError as exc:
+            exc.sources = frozenset(read)
+            raise
+    return replace(policy, sources=frozenset(read))

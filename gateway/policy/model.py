@@ -144,6 +144,20 @@ class SharedSettings:
     lease_s: float = 600.0  # an in-flight count a dead replica left expires after this
 
 
+class RegistryStore(StrEnum):
+    FILE = "file"  # a JSON file every worker of this gateway reads (under state_dir)
+    REDIS = "redis"  # in the shared Redis (gateway.shared): every replica reads it
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrySettings:
+    """Where the tenant registry lives (`gateway.policy.registry`): tenants and keys that
+    `kvfence tenants` and `kvfence keys` change without editing the policy."""
+
+    store: RegistryStore
+    path: Path  # the file store's document (with store redis: unused)
+
+
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
     namespace_keys: tuple[NamespaceKeySpec, ...]
@@ -176,6 +190,9 @@ class Policy:
     backends: tuple[Backend, ...]
     tenants: tuple[Tenant, ...]
     public: PublicSettings = field(default_factory=PublicSettings)
+    registry: RegistrySettings | None = None
+    # Every file the load read besides the policy (the reload watcher follows them too).
+    sources: frozenset[Path] = frozenset()
 
     def summary(self) -> str:
         models = sum(len(b.models) for b in self.backends)
