@@ -20,6 +20,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from gateway.audit.sink import AUDIT_SINK, AuditSink, audit_sink_ctx
+from gateway.audit.trace import TRACES, Traces
 from gateway.errors import GatewayError, NotFound, Overloaded, error_response
 from gateway.filters.adapter import inject
 from gateway.filters.allowlist import allow_fields
@@ -174,6 +175,11 @@ def _verify_ctx(temporary: bool) -> Callable[[web.Application], AsyncIterator[No
     return ctx
 
 
+async def _traces_ctx(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await asyncio.to_thread(app[TRACES].close)  # the spans still queued are sent
+
+
 def create_app(
     policy: Policy,
     *,
@@ -217,6 +223,9 @@ def create_app(
         await app[AUDIT_SINK].event(app[HOLDER].runtime.policy.gateway.audit_log, entry)
 
     app[WATCH] = Watch(app[HOLDER], app[VERIFY], app[METRICS], lambda: app[SESSION], record)
+    if policy.gateway.tracing is not None:  # the otel extra; off by default
+        app[TRACES] = Traces(policy.gateway.tracing)
+        app.cleanup_ctx.append(_traces_ctx)
     app.cleanup_ctx.append(session_ctx)
     app.cleanup_ctx.append(audit_sink_ctx)
     app.cleanup_ctx.append(_verify_ctx(temporary))

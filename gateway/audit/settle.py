@@ -1,7 +1,7 @@
 """Settle: the one place a judgement becomes what the client gets and one audit record: the
-verdict is counted, logged when it is not clean, and written to the audit log; a violation is
-reported to the watch; a withheld answer is replaced by a local error. Only the exchange calls
-it.
+verdict is counted, logged when it is not clean, traced (with `gateway.tracing`), and written to
+the audit log; a violation is reported to the watch; a withheld answer is replaced by a local
+error. Only the exchange calls it.
 
 Invariant: every request that reached the upstream step is settled exactly once; a record that
 cannot be written raises `AuditWriteFailed`, so the answer fails closed.
@@ -17,6 +17,7 @@ from aiohttp import web
 from gateway.audit.chain.log import AuditWriteError
 from gateway.audit.judge import Answer, AuditContext, Judgement, record
 from gateway.audit.sink import AUDIT_SINK
+from gateway.audit.trace import TRACES
 from gateway.errors import AttestationRefused, AuditWriteFailed, error_response
 from gateway.metrics import METRICS, Metrics
 from gateway.state import RUNTIME, USED_TOKENS
@@ -61,6 +62,9 @@ async def settle(
         )
         status, reason = refusal.status, refusal.code
     final_status = answer.status if status is None else status
+    traces = request.app.get(TRACES)
+    if traces is not None:  # gateway.tracing: this attempt's span
+        traces.record(request, ctx, answer, judgement, final_status, reason)
     if answer.total_tokens:
         request[USED_TOKENS] = answer.total_tokens
     _count(request.app[METRICS], ctx, answer, judgement)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.policy.backends import named_models, read_backends
-from gateway.policy.fleet import read_routing, read_shared
+from gateway.policy.fleet import read_routing, read_shared, read_tracing
 from gateway.policy.keys import read_audit_log, read_handle_key, read_handle_ttl
 from gateway.policy.model import (
     ClientInputMode,
@@ -46,6 +46,7 @@ _GATEWAY_REQ = _F({"namespace_keys", "api_key_pepper"})
 _GATEWAY_OPT = _F(
     {"listen", "client_inputs", "timeouts", "limits", "access_log", "handle_key", "handle_ttl_s"}
     | {"audit_log", "unknown_fields", "admin", "state_dir", "history", "routing", "shared"}
+    | {"tracing"}
 )
 T = TypeVar("T")
 _HOST_RE = re.compile(r"^[A-Za-z0-9.:_-]+$")
@@ -117,6 +118,7 @@ def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
         "history": read_history,
         "routing": read_routing,
         "shared": lambda n: read_shared(n, env, base),
+        "tracing": lambda n: read_tracing(n, env, base),
     }
     keys = guarded(lambda: _keys(f["namespace_keys"], env, base))
     pepper = guarded(lambda: resolve(f["api_key_pepper"], env, base, MIN_PEPPER_BYTES))

@@ -144,6 +144,18 @@ class SharedSettings:
     lease_s: float = 600.0  # an in-flight count a dead replica left expires after this
 
 
+@dataclass(frozen=True, slots=True)
+class TracingSettings:
+    """OpenTelemetry traces (the `otel` extra): one span per request, exported over OTLP/HTTP
+    (`gateway.audit.trace`). Off unless the policy has `gateway.tracing`."""
+
+    otlp_endpoint: str  # e.g. http://127.0.0.1:4318/v1/traces
+    service_name: str = "kvfence-gateway"
+    sample_ratio: float = 1.0  # of requests without a sampled parent (a parent's choice wins)
+    batch_delay_s: float = 5.0  # spans are sent in batches at most this far apart
+    headers: Secret | None = None  # `key=value,...` sent to the collector (an auth token)
+
+
 class RegistryStore(StrEnum):
     FILE = "file"  # a JSON file every worker of this gateway reads (under state_dir)
     REDIS = "redis"  # in the shared Redis (gateway.shared): every replica reads it
@@ -176,6 +188,7 @@ class GatewaySettings:
     history: HistorySettings = HistorySettings()
     routing: RoutingSettings = RoutingSettings()
     shared: SharedSettings | None = None
+    tracing: TracingSettings | None = None
 
     @property
     def active_key(self) -> NamespaceKeySpec:
