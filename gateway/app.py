@@ -32,7 +32,9 @@ from gateway.filters.public import split_public
 from gateway.filters.replica import pick_replica
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
+from gateway.fleet.budgeter import BUDGETS, Budgeter
 from gateway.fleet.limiter import LIMITER, Limiter
+from gateway.fleet.local_budgets import LocalBudgets
 from gateway.fleet.local_health import HealthCollector
 from gateway.fleet.local_limits import LIMITS, SharedLimits
 from gateway.fleet.metrics import FLEET_METRICS, FleetMetrics
@@ -44,7 +46,7 @@ from gateway.observe import failed, finish
 from gateway.policy.model import Policy
 from gateway.policy.reload import HOLDER, RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
-from gateway.registry_admin import open_registry
+from gateway.registry_admin import open_budgets, open_registry
 from gateway.relay.session import SESSION, session_ctx
 from gateway.routing.failover import failover
 from gateway.routing.liveness import LIVENESS, Liveness, LivenessCollector, readyz
@@ -53,6 +55,7 @@ from gateway.shared import open_shared
 from gateway.state import (
     ADMISSION,
     ADMITTED,
+    API_KEY,
     REQUEST_ID,
     ROUTE,
     RUNTIME,
@@ -150,7 +153,24 @@ async def frame(
         if request.get(ADMITTED):
             tokens = request.get(USED_TOKENS, 0)
             request.app[LIMITER].release(request[TENANT], request.get(ADMISSION), tokens)
+        if request.get(USED_TOKENS):
+            _spend(request, request[USED_TOKENS])
         finish(request, status, timing)
+
+
+def _spend(request: web.Request, tokens: int) -> None:
+    """Charge an answer's tokens to its tenant's and key's budgets, and count them per key."""
+    tenant, key = request[TENANT], request.get(API_KEY)
+    request.app[BUDGETS].charge(tenant, key, tokens)
+    if key is not None:
+        metrics = request.app[METRICS]
+        metrics.child(metrics.key_tokens, tenant.id, key.id).inc(tokens)
+
+
+async def _budgets_ctx(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[BUDGETS].drain()
+    app[BUDGETS].local.close()
 
 
 def _verify_ctx(temporary: bool) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -217,6 +237,8 @@ def create_app(
     app[LIMITS] = SharedLimits(state_dir / "limits.bin", generation or time.time())
     app[IN_FLIGHT] = InFlight()
     app[LIMITER] = Limiter(app[LIMITS], shared_limits)
+    app[BUDGETS] = Budgeter(LocalBudgets(state_dir / "budgets.bin"), open_budgets(app, policy))
+    app.cleanup_ctx.append(_budgets_ctx)
     app[REPLICAS] = Replicas()
 
     async def record(entry: dict[str, Any]) -> None:

@@ -7,7 +7,8 @@ GatewayError
 │   MalformedBody, UnknownField, PublicMarkRefused
 ├── Unauthenticated (401)
 ├── NotFound (404): ModelNotFound (unknown and forbidden models alike), PathNotServed
-├── MethodNotAllowed (405, edge), RequestTimeout (408), BodyTooLarge (413), RateLimited (429)
+├── MethodNotAllowed (405, edge), RequestTimeout (408), BodyTooLarge (413)
+├── RateLimited (429): BudgetExceeded
 ├── UnsupportedEncoding (415), NotSupported (501), VersionNotSupported (505, edge)
 ├── UpstreamUnavailable, AttestationRefused, AuditWriteFailed, AnswerTooLarge, HandleRefused (502)
 ├── Overloaded, BackendQuarantined, SharedStateUnavailable, NotReady (503)
@@ -117,6 +118,13 @@ class PathNotServed(NotFound):
 
 class RateLimited(GatewayError):
     status, type, code = 429, "rate_limit_error", "rate_limit_exceeded"
+
+
+class BudgetExceeded(RateLimited):
+    """A tenant's or key's token budget for the period is spent (`Retry-After`: until it
+    renews)."""
+
+    code = "budget_exceeded"
 
 
 class MethodNotAllowed(GatewayError):

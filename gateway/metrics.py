@@ -148,6 +148,18 @@ class Metrics:
             ["tenant", "reason"],
             registry=r,
         )
+        self.budget_refusals = Counter(
+            p + "budget_refusals",
+            "Requests refused because a token budget is spent (429 budget_exceeded)",
+            ["tenant", "of", "period"],
+            registry=r,
+        )
+        self.key_tokens = Counter(
+            p + "key_tokens",
+            "Prompt plus completion tokens per registry key (spend per key)",
+            ["tenant", "key"],
+            registry=r,
+        )
         self.connections_refused = Counter(
             p + "connections_refused",
             "Connections answered 503 at a connection cap",

@@ -1,7 +1,7 @@
 """The tenant registry for one gateway app (its store, and the watch that keeps every worker on
-its current document), and its routes on the admin listener: `GET /tenants`, `POST /tenants`,
-`POST /tenants/{id}/remove`, `GET /keys`, `POST /keys` (a new key, shown once in the answer),
-`POST /keys/{id}/revoke`, `POST /keys/{id}/expire`.
+its current document), where the token budgets count, and the registry's routes on the admin
+listener: `GET /tenants`, `POST /tenants`, `POST /tenants/{id}/remove`, `GET /keys`, `POST /keys`
+(a new key, shown once in the answer), `POST /keys/{id}/revoke`, `POST /keys/{id}/expire`.
 
 Invariant: every registry route needs the admin token, reads included (they name tenants); a new
 key exists only in the answer that mints it, never in a log or at rest; nothing changes a
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -30,7 +30,20 @@ from gateway.policy.registry_view import keys_view, tenant_ids, tenant_record, t
 from gateway.policy.reload import HOLDER
 from kvfence.apikey import key_digest, mint_key
 
+if TYPE_CHECKING:
+    from gateway.fleet.budgets import RedisBudgets
+
 Handler = Callable[[web.Application, web.Request], Awaitable[web.StreamResponse]]
+
+
+def open_budgets(app: web.Application, policy: Policy) -> RedisBudgets | None:
+    """With `gateway.shared`, token budgets count in Redis (else in the state directory)."""
+    if policy.gateway.shared is None:
+        return None
+    from gateway.fleet.budgets import RedisBudgets
+    from gateway.shared import SHARED
+
+    return RedisBudgets(app[SHARED])
 
 
 def open_registry(app: web.Application, policy: Policy) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 from collections.abc import Callable
 from typing import Final, TypeVar
 
@@ -27,7 +26,6 @@ from gateway.fleet.unavailable import SharedUnavailable
 from gateway.policy.registry import Document, RegistryError, decode, empty_document, encode
 
 T = TypeVar("T")
-log = logging.getLogger("kvfence.gateway.registry")
 FIELD: Final = "registry"
 TRIES: Final = 8
 
@@ -55,7 +53,6 @@ class RedisRegistryStore:
         self._keys = [store.key("registry", n) for n in ("version", "head", "document")]
         self._put = store.client.register_script(_PUT)
         self._seen = -1  # the newest version this process believed
-        self.refused = 0  # documents that did not open (forged, replayed, torn)
 
     async def _head(self) -> tuple[int, str] | None:
         """(version, sha256) from the sealed head; (0, "") when none was ever written; None
@@ -84,15 +81,16 @@ class RedisRegistryStore:
 
     async def changed(self) -> Document | None:
         """The document when a newer one than this process believed is in Redis. Raises
-        `SharedUnavailable` when Redis cannot answer."""
+        `SharedUnavailable` when Redis cannot answer, RegistryError when what it holds does not
+        open or is older than a version this process has seen (the caller keeps what it has)."""
         head = await self._head()
         if head is not None and head[0] == self._seen:
             return None
         doc = await self._read()
         if doc is None or doc["version"] < self._seen:
-            self.refused += 1
-            log.error("shared registry refused: it does not open, or is older than one seen")
-            return None
+            raise RegistryError(
+                "the shared registry in Redis does not open, or is older than one seen: refused"
+            )
         self._seen = doc["version"]
         return doc
 
@@ -101,8 +99,10 @@ class RedisRegistryStore:
         another replica changed it meanwhile."""
         for _ in range(TRIES):
             doc = await self._read()
-            if doc is None:
-                raise RegistryError("the shared registry in Redis does not open: see the logs")
+            if doc is None or doc["version"] < self._seen:  # never build on a forgery or replay
+                raise RegistryError(
+                    "the shared registry in Redis does not open, or is older than one seen"
+                )
             result = change(doc)
             old = doc["version"]
             doc["version"] = old + 1
