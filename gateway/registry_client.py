@@ -75,12 +75,15 @@ def _reason(exc: Exception) -> str:
     return getattr(reason, "strerror", None) or str(reason)
 
 
-def admin_url(policy: Policy) -> str:
-    """The policy's admin listener as a client reaches it (a wildcard host means this host)."""
-    host = policy.gateway.admin.host
+def connect_url(host: str, port: int) -> str:
+    """An admin listener's URL as a client reaches it (a wildcard host means this host)."""
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104 (not a bind)
     host = f"[{host}]" if ":" in host else host
-    return f"http://{host}:{policy.gateway.admin.port}"
+    return f"http://{host}:{port}"
+
+
+def admin_url(policy: Policy) -> str:
+    return connect_url(policy.gateway.admin.host, policy.gateway.admin.port)
 
 
 def admin_token(policy: Policy) -> str | None:
