@@ -209,7 +209,9 @@ class Policy:
 
     def summary(self) -> str:
         models = sum(len(b.models) for b in self.backends)
+        registry = " (and the registry's)" if self.registry is not None else ""
         return (
-            f"{self.source}: ok: {len(self.tenants)} tenants, {len(self.backends)} backends, "
+            f"{self.source}: ok: {len(self.tenants)} tenants{registry}, "
+            f"{len(self.backends)} backends, "
             f"{models} models, active namespace key {self.gateway.active_key.id}"
         )
