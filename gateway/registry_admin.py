@@ -98,7 +98,12 @@ def _guarded(
     async def wrapped(request: web.Request) -> web.StreamResponse:
         runtime = gateway[HOLDER].runtime
         if runtime.policy.gateway.admin.token is None:
-            return _error(403, "admin_token_required", "set gateway.admin.token to manage tenants")
+            return _error(
+                403,
+                "admin_token_required",
+                "set gateway.admin.token to manage tenants here (or change the registry file "
+                "itself: --offline)",
+            )
         if runtime.policy.registry is None or REGISTRY not in gateway:
             return _error(
                 404, "no_registry", "this gateway's policy has no tenant registry (registry: true)"

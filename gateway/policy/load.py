@@ -141,7 +141,7 @@ def _unknown_fields(node: Node) -> UnknownFieldMode:
     return UnknownFieldMode(node.choice(("drop", "reject")))
 
 
-def _registry(node: Node, gateway: GatewaySettings) -> RegistrySettings:
+def _registry(node: Node, gateway: GatewaySettings, base: Path) -> RegistrySettings:
     """`registry: true`, or `{store: file|redis, path: FILE}` (path relative to the policy)."""
     if node.node.tag == "tag:yaml.org,2002:bool":
         if not node.boolean():
@@ -154,7 +154,7 @@ def _registry(node: Node, gateway: GatewaySettings) -> RegistrySettings:
     if store is RegistryStore.REDIS and gateway.shared is None:
         node.fail("store redis needs gateway.shared (the Redis the replicas share)")
     if "path" in f:
-        path = Path(f["path"].text())
+        path = base / f["path"].text()
     elif gateway.state_dir is not None:
         path = gateway.state_dir / "registry.json"
     else:
@@ -187,9 +187,7 @@ def parse_policy(
         public = guarded(lambda: read_public(fields["public"], served | unread, base)) or public
     registry = None
     if "registry" in fields and settings is not None:
-        registry = guarded(lambda: _registry(fields["registry"], settings))
-        if registry is not None and not registry.path.is_absolute():
-            registry = RegistrySettings(registry.store, base / registry.path)
+        registry = guarded(lambda: _registry(fields["registry"], settings, base))
     if errors.lines or version is None or settings is None:
         raise PolicyError(errors.lines)
     return Policy(source, version, settings, backends, tenants, public, registry)

@@ -205,3 +205,17 @@ async def test_a_registry_tenant_the_policy_no_longer_serves_is_left_out(
     finally:
         await gw.session.close()
         await runner.cleanup()
+
+
+async def test_a_relative_policy_path_names_the_same_registry(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = fleet.policy.parent
+    text = fleet.policy.read_text().replace(f"state_dir: {folder / 'state'}", "state_dir: state")
+    (folder / "relative.yaml").write_text(text)
+    monkeypatch.chdir(folder.parent)
+    relative = f"{folder.name}/relative.yaml"
+    code, _, err = await cli("tenants", "add", "team7", "--policy", relative, "--offline",
+                             capsys=capsys)  # fmt: skip
+    assert code == 0 and f"offline, in {folder.name}/state/registry.json" in err
+    assert "team7" in (folder / "state" / "registry.json").read_text()
