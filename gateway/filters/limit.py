@@ -24,8 +24,9 @@ from gateway.state import ADMISSION, ADMITTED, API_KEY, TENANT
 
 async def admit(request: web.Request) -> None:
     tenant = request[TENANT]
-    if tenant.budgets.any or API_KEY in request:  # a budget spent takes no rate allowance
-        spent = await request.app[BUDGETS].check(tenant, request.get(API_KEY))
+    key = request.get(API_KEY)
+    if tenant.budgets.any or (key is not None and key.budgets.any):  # before any allowance
+        spent = await request.app[BUDGETS].check(tenant, key)
         if spent is not None:
             metrics = request.app[METRICS]
             metrics.child(metrics.budget_refusals, tenant.id, spent.of, spent.period).inc()
