@@ -1,7 +1,8 @@
 """The admin listener: operational endpoints on their own port (loopback by default), never on
 the tenant listener. `GET /status` (readiness, each backend's health check and verification
 state) and `GET /metrics` need the admin token when one is set; actions (`POST /reload`,
-`POST /canary/{backend}`, `POST /quarantine/{backend}/release`) always need it.
+`POST /canary/{backend}`, `POST /quarantine/{backend}/release`) and the tenant registry's routes
+(`gateway.registry_admin`: tenants and keys) always need it.
 
 Invariant: no tenant API key opens anything here, and no route here exists on the tenant port.
 """
@@ -20,6 +21,7 @@ from aiohttp import web
 from gateway.metrics import METRICS
 from gateway.policy.prefixes import backend_status as public_status
 from gateway.policy.reload import HOLDER, RELOADER
+from gateway.registry_admin import add_routes as add_registry_routes
 from gateway.routing.liveness import LIVENESS
 from gateway.routing.replicas import REPLICAS
 from gateway.shared import SHARED
@@ -163,4 +165,5 @@ def create_admin_app(gateway: web.Application, worker: bool = False) -> web.Appl
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/canary/{backend}", canary)
     app.router.add_post("/quarantine/{backend}/release", release)
+    add_registry_routes(app, gateway)
     return app

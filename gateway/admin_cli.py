@@ -1,7 +1,8 @@
 """`kvfence admin`: talk to a running gateway's admin listener (status, a policy reload, a
-canary round now, a quarantine release). The token comes from a file or an environment variable,
-never the command line. Exit 0 on success, 1 when the gateway refused, 2 when it could not be
-reached."""
+canary round now, a quarantine release). `--policy` finds the listener and its token in the
+gateway's policy; otherwise `--url`, and the token from a file or an environment variable, never
+the command line. A refusal is printed one line per error. Exit 0 on success, 1 when the gateway
+refused, 2 when it could not be reached."""
 
 from __future__ import annotations
 
@@ -12,11 +13,21 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import yaml
+
+from gateway.registry_client import connect_url
 from kvfence.secrets import SecretError, from_env, from_file
+
+DEFAULT_URL = "http://127.0.0.1:8081"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default="http://127.0.0.1:8081", help="the admin listener")
+    parser.add_argument(
+        "--policy", metavar="FILE", help="the gateway's policy: its admin URL and token"
+    )
+    parser.add_argument(
+        "--url", help=f"the admin listener (default: the policy's, else {DEFAULT_URL})"
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--token-file", type=Path, help="file holding the admin token")
     source.add_argument("--token-env", default="KVFENCE_ADMIN_TOKEN", help="env var holding it")
@@ -38,12 +49,46 @@ def _token(args: argparse.Namespace) -> str | None:
         return None  # read-only endpoints work without one when the gateway has none
 
 
-def main(args: argparse.Namespace) -> int:
+def _from_policy(path: str) -> tuple[str, str | None]:
+    """The admin URL and token the policy names, read leniently (a policy that would not load
+    still names its gateway's admin listener, so a failed reload can be asked about)."""
     try:
-        token = _token(args)
-    except SecretError as exc:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise SecretError(f"cannot read the admin listener from {path}: {exc}") from None
+    gateway = doc.get("gateway") if isinstance(doc, dict) else None
+    admin = gateway.get("admin") if isinstance(gateway, dict) else None
+    admin = admin if isinstance(admin, dict) else {}
+    host, port = str(admin.get("host", "127.0.0.1")), admin.get("port", 8081)
+    ref, token = admin.get("token"), None
+    if isinstance(ref, dict) and set(ref) == {"file"}:
+        token = from_file(Path(path).parent / str(ref["file"])).decode()
+    elif isinstance(ref, dict) and set(ref) == {"env"}:
+        token = from_env(str(ref["env"])).decode()
+    return connect_url(host, int(port)), token
+
+
+def _refusal(code: int, raw: bytes) -> list[str]:
+    """A refusal as lines: its message, then each error it lists (a reload's), one a line."""
+    try:
+        error = json.loads(raw)["error"]
+        lines = [f"kvfence admin: {code} {error['code']}: {error['message']}"]
+        return lines + [str(e) for e in error.get("errors", [])]
+    except (ValueError, KeyError, TypeError):
+        return [f"kvfence admin: {code} {raw.decode(errors='replace')[:300]}"]
+
+
+def main(args: argparse.Namespace) -> int:
+    policy_url, policy_token = None, None
+    try:
+        if args.policy:
+            policy_url, policy_token = _from_policy(args.policy)
+        token = _token(args) if (args.token_file or not policy_token) else None
+    except (SecretError, ValueError) as exc:
         print(f"kvfence admin: {exc}", file=sys.stderr)
         return 2
+    token = token or policy_token
+    args.url = args.url or policy_url or DEFAULT_URL
     if not args.url.startswith(("http://", "https://")):
         print("kvfence admin: --url must be http:// or https://", file=sys.stderr)
         return 2
@@ -59,9 +104,14 @@ def main(args: argparse.Namespace) -> int:
             print(json.dumps(json.loads(resp.read()), indent=2))
             return 0
     except urllib.error.HTTPError as exc:
-        body = exc.read().decode(errors="replace")
-        print(f"kvfence admin: {exc.code} {body}", file=sys.stderr)
+        print("\n".join(_refusal(exc.code, exc.read())), file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError) as exc:
-        print(f"kvfence admin: cannot reach {args.url}: {exc}", file=sys.stderr)
+        reason = getattr(exc, "reason", exc)
+        hint = (
+            ""
+            if args.policy or args.url != DEFAULT_URL
+            else (" (a gateway on other ports: --policy FILE, or --url)")
+        )
+        print(f"kvfence admin: cannot reach {args.url}: {reason}{hint}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from gateway.audit.sink import AUDIT_SINK, AuditSink, audit_sink_ctx
+from gateway.audit.trace import TRACES, Traces
 from gateway.errors import GatewayError, NotFound, Overloaded, error_response
 from gateway.filters.adapter import inject
 from gateway.filters.allowlist import allow_fields
@@ -30,7 +31,9 @@ from gateway.filters.public import split_public
 from gateway.filters.replica import pick_replica
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
+from gateway.fleet.budgeter import BUDGETS, Budgeter
 from gateway.fleet.limiter import LIMITER, Limiter
+from gateway.fleet.local_budgets import LocalBudgets
 from gateway.fleet.local_health import HealthCollector
 from gateway.fleet.local_limits import LIMITS, SharedLimits
 from gateway.fleet.metrics import FLEET_METRICS, FleetMetrics
@@ -46,6 +49,7 @@ from gateway.policy.reload import HOLDER, RELOADER, PolicyHolder, Reloader, relo
 from gateway.policy.runtime import Runtime
 from gateway.receipts.service import RECEIPTS, Receipts, receipts_ctx
 from gateway.receipts_api import add_receipt_routes
+from gateway.registry_admin import open_budgets, open_registry
 from gateway.relay.session import SESSION, session_ctx
 from gateway.routing.failover import failover
 from gateway.routing.liveness import LIVENESS, Liveness, LivenessCollector, readyz
@@ -54,6 +58,7 @@ from gateway.shared import open_shared
 from gateway.state import (
     ADMISSION,
     ADMITTED,
+    API_KEY,
     RECEIPT_ID,
     REQUEST_ID,
     ROUTE,
@@ -149,7 +154,24 @@ async def frame(
         if request.get(ADMITTED):
             tokens = request.get(USED_TOKENS, 0)
             request.app[LIMITER].release(request[TENANT], request.get(ADMISSION), tokens)
+        if request.get(USED_TOKENS):
+            _spend(request, request[USED_TOKENS])
         finish(request, status, timing)
+
+
+def _spend(request: web.Request, tokens: int) -> None:
+    """Charge an answer's tokens to its tenant's and key's budgets, and count them per key."""
+    tenant, key = request[TENANT], request.get(API_KEY)
+    request.app[BUDGETS].charge(tenant, key, tokens)
+    if key is not None:
+        metrics = request.app[METRICS]
+        metrics.child(metrics.key_tokens, tenant.id, key.id).inc(tokens)
+
+
+async def _budgets_ctx(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[BUDGETS].drain()
+    app[BUDGETS].local.close()
 
 
 def _verify_ctx(temporary: bool) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -172,6 +194,11 @@ def _verify_ctx(temporary: bool) -> Callable[[web.Application], AsyncIterator[No
             remove_state_dir(verification.state_dir)
 
     return ctx
+
+
+async def _traces_ctx(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await asyncio.to_thread(app[TRACES].close)  # the spans still queued are sent
 
 
 def create_app(
@@ -202,6 +229,7 @@ def create_app(
         state_dir, temporary = state_dir_for(policy)
     app[VERIFY] = Verification(policy, state_dir)
     shared_limits = open_shared(app, policy)  # gateway.shared: health and limits in Redis
+    open_registry(app, policy)  # registry: tenants and keys beside the policy
 
     def backends() -> list[str]:
         return [b.name for b in app[HOLDER].runtime.policy.backends]
@@ -211,6 +239,8 @@ def create_app(
     app[LIMITS] = SharedLimits(state_dir / "limits.bin", generation or time.time())
     app[IN_FLIGHT] = InFlight()
     app[LIMITER] = Limiter(app[LIMITS], shared_limits)
+    app[BUDGETS] = Budgeter(LocalBudgets(state_dir / "budgets.bin"), open_budgets(app, policy))
+    app.cleanup_ctx.append(_budgets_ctx)
     app[REPLICAS] = Replicas()
 
     async def record(entry: dict[str, Any]) -> None:
@@ -218,6 +248,9 @@ def create_app(
 
     app[WATCH] = Watch(app[HOLDER], app[VERIFY], app[METRICS], lambda: app[SESSION], record)
     app[METRICS].add_collector(ReachCollector(app[WATCH].reach))
+    if policy.gateway.tracing is not None:  # the otel extra; off by default
+        app[TRACES] = Traces(policy.gateway.tracing)
+        app.cleanup_ctx.append(_traces_ctx)
     app.cleanup_ctx.append(session_ctx)
     app.cleanup_ctx.append(audit_sink_ctx)
     app.cleanup_ctx.append(receipts_ctx)

@@ -6,9 +6,11 @@ GatewayError
 ├── BadRequest (400): ClientInputRejected, MissingScopeValue, MalformedRequest (edge),
 │   MalformedBody, UnknownField, PublicMarkRefused, CosignatureRefused
 ├── Unauthenticated (401)
-├── NotFound (404): ModelNotFound (unknown and forbidden models alike), ReceiptNotFound
-│   (unknown, expired and other tenants' receipts alike), ProofPending, LogNotFound
-├── MethodNotAllowed (405, edge), RequestTimeout (408), BodyTooLarge (413), RateLimited (429)
+├── NotFound (404): ModelNotFound (unknown and forbidden models alike), PathNotServed,
+│   ReceiptNotFound (unknown, expired and other tenants' receipts alike), ProofPending,
+│   LogNotFound
+├── MethodNotAllowed (405, edge), RequestTimeout (408), BodyTooLarge (413)
+├── RateLimited (429): BudgetExceeded
 ├── UnsupportedEncoding (415), NotSupported (501), VersionNotSupported (505, edge)
 ├── UpstreamUnavailable, AttestationRefused, AuditWriteFailed, AnswerTooLarge, HandleRefused (502)
 ├── Overloaded, BackendQuarantined, SharedStateUnavailable, NotReady (503)
@@ -26,6 +28,8 @@ from typing import ClassVar
 
 import orjson
 from aiohttp import web
+
+from kvfence.verdict import VERDICT_HEADER, Verdict
 
 
 class GatewayError(Exception):
@@ -107,6 +111,13 @@ class ModelNotFound(NotFound):
         super().__init__(f"The model `{shown}` does not exist or you do not have access to it.")
 
 
+class PathNotServed(NotFound):
+    """A path no backend of the model serves (or can scope): the message names those it does,
+    as OpenAI answers a model asked on a path it does not serve."""
+
+    code = "path_not_served"
+
+
 class RateLimited(GatewayError):
     status, type, code = 429, "rate_limit_error", "rate_limit_exceeded"
 
@@ -132,6 +143,13 @@ class LogNotFound(NotFound):
 
 class CosignatureRefused(BadRequest):
     code = "cosignature_refused"
+
+
+class BudgetExceeded(RateLimited):
+    """A tenant's or key's token budget for the period is spent (`Retry-After`: until it
+    renews)."""
+
+    code = "budget_exceeded"
 
 
 class MethodNotAllowed(GatewayError):
@@ -248,7 +266,10 @@ def error_response(
     """The HTTP answer for `error`: its JSON body and status, `x-request-id` when there is one,
     `Retry-After` and `Allow` where the error sets them, and `headers`; with `close`, the
     connection is closed after it (`Connection: close`)."""
-    out = {} if request_id is None else {"x-request-id": request_id}
+    # Every answer says its verdict: an answer of the gateway's own generated nothing.
+    out = {VERDICT_HEADER: Verdict.UNATTESTED.value}
+    if request_id is not None:
+        out["x-request-id"] = request_id
     if error.retry_after_s is not None:
         out["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))
     if isinstance(error, MethodNotAllowed):

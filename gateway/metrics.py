@@ -120,6 +120,12 @@ class Metrics:
         self.reloads = Counter(
             p + "policy_reloads", "Policy reloads by result", ["result"], registry=r
         )
+        self.registry_loads = Counter(
+            p + "registry_loads",
+            "Tenant registry documents read by result (ok, or refused: unreadable, forged)",
+            ["result"],
+            registry=r,
+        )
         self.malformed = Counter(
             p + "malformed_requests",
             "Requests refused at the edge or by the HTTP parser",
@@ -140,6 +146,18 @@ class Metrics:
             p + "limited",
             "Requests refused by a tenant limit (429)",
             ["tenant", "reason"],
+            registry=r,
+        )
+        self.budget_refusals = Counter(
+            p + "budget_refusals",
+            "Requests refused because a token budget is spent (429 budget_exceeded)",
+            ["tenant", "of", "period"],
+            registry=r,
+        )
+        self.key_tokens = Counter(
+            p + "key_tokens",
+            "Prompt plus completion tokens per registry key (spend per key)",
+            ["tenant", "key"],
             registry=r,
         )
         self.connections_refused = Counter(

@@ -18,17 +18,18 @@ from gateway.listener.connections import PRESSURE, Identify, Pressure
 from gateway.listener.edge import EDGE, ServerLog, guard
 from gateway.metrics import METRICS
 from gateway.policy.reload import HOLDER, PolicyHolder
-from gateway.policy.tenant_model import Tenant
+from gateway.policy.runtime import Identity
 
 
 def identify(holder: PolicyHolder) -> Identify:
-    """The tenant a request's key authenticates (the connection caps' fairness), or None."""
+    """Who a request's key is (the connection caps' fairness; authentication takes it), or None
+    when it presents none."""
 
-    def tenant_of(request: web.BaseRequest) -> Tenant | None:
+    def identity_of(request: web.BaseRequest) -> Identity | None:
         key = presented_key(request)
-        return None if key is None else holder.runtime.tenant_for_key(key)
+        return None if key is None else holder.runtime.identify(key)
 
-    return tenant_of
+    return identity_of
 
 
 async def start(

@@ -18,6 +18,7 @@ from aiohttp import web
 from gateway.fleet.limiter import LIMITER as LIMITER
 from gateway.fleet.limiter import Admission
 from gateway.metrics import METRICS as METRICS
+from gateway.policy.registry import KeyInfo
 from gateway.policy.runtime import Route, Runtime
 from gateway.policy.tenant_model import Tenant
 from gateway.verify.service import VERIFY as VERIFY
@@ -44,6 +45,8 @@ RUNTIME = web.RequestKey("kvfence_runtime", Runtime)  # app middleware
 REQUEST_ID = web.RequestKey("kvfence_request_id", str)  # app middleware
 TIMING = web.RequestKey("kvfence_timing", Timing)  # app middleware
 TENANT = web.RequestKey("kvfence_tenant", Tenant)  # filters.authn
+# The registry key that authenticated the request; unset for a key the policy file lists.
+API_KEY = web.RequestKey("kvfence_api_key", KeyInfo)  # filters.authn
 BODY: web.RequestKey[dict[str, Any]] = web.RequestKey(
     "kvfence_body", dict
 )  # filters.body (and routing.retarget)

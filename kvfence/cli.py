@@ -14,13 +14,14 @@ from typing import Protocol, cast
 COMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("gateway.cli", "run the gateway in front of the backends a policy names"),
     "policy": ("gateway.policy.cli", "check a policy file"),
-    "keys": ("kvfence.keys_cli", "mint a tenant API key and print its policy digest"),
+    "keys": ("kvfence.keys_cli", "a tenant's API keys: new, list, revoke, expire"),
+    "tenants": ("gateway.registry_cli", "the tenant registry: add, list, remove"),
     "keygen": ("kvfence.keygen_cli", "create an Ed25519 key pair for handles or attestations"),
     "backend": ("backend.cli", "run the kvfence inference backend"),
     "audit": ("gateway.audit.cli", "verify a tamper-evident audit log"),
     "receipt": ("kvfence.receipt_cli", "verify an answer's receipt offline"),
     "witness": ("kvfence.witness_cli", "check and cosign a gateway's audit log checkpoints"),
-    "admin": ("gateway.admin_cli", "status, canary rounds and quarantine release of a gateway"),
+    "admin": ("gateway.admin_cli", "status, reload, canary rounds, quarantine release"),
     "probe": (
         "kvfence.probe.cli",
         "scan an OpenAI-compatible endpoint for cross-credential cache sharing",
@@ -32,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # checks each against pyproject.toml). A module shared by several extras names the command's own.
 EXTRA_OF_MODULE: dict[str, str] = {
     "redis": "redis",
+    "opentelemetry": "otel",
     "torch": "backend",
     "numpy": "backend",
     "gguf": "backend",

@@ -1,9 +1,13 @@
-"""`kvfence keys new`: mint a tenant API key and print it once with its policy digest.
+"""`kvfence keys new|list|revoke|expire`: a tenant's API keys.
 
-The pepper comes from an environment variable, a file, or the policy's `api_key_pepper`. With
-`--policy` the tenant must be one the policy names; `--digest-file` appends the digest to the
-file of digests the tenant's `api_keys` reads, so nothing is pasted into a policy by hand;
-`--key-file` writes the key to a new file (mode 0600) instead of printing it, never overwriting.
+With a policy that has a tenant registry (`registry: true`), keys are the registry's: `new`
+mints one (an id, a label, an expiry, budgets), `list` shows them, `revoke` and `expire` end
+them, through the running gateway's admin listener or offline against the registry file
+(`gateway.registry_cli`, imported only then). Without one, `new` mints a key for a policy's
+`api_keys`: the pepper comes from an environment variable, a file, or the policy's
+`api_key_pepper`; with `--policy` the tenant must be one the policy names; `--digest-file`
+appends the digest to the file of digests the tenant's `api_keys` reads. `--key-file` writes the
+key to a new file (mode 0600) instead of printing it, never overwriting.
 """
 
 from __future__ import annotations
@@ -26,11 +30,33 @@ class KeysError(Exception):
     """The key cannot be minted as asked: one line naming the cause and the fix."""
 
 
+_REGISTRY_ONLY = ("url", "token_file", "token_env", "offline", "label", "expires", "budget")
+
+
+def _target_options(parser: argparse.ArgumentParser, policy: bool = True) -> None:
+    """Where a registry change goes (the same options as `kvfence tenants`)."""
+    if policy:
+        parser.add_argument("--policy", metavar="FILE", help="the gateway's policy")
+        parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--url", help="a gateway's admin listener (default: the policy's)")
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument("--token-file", type=Path, help="admin token file (default: the policy's)")
+    token.add_argument("--token-env", help="env var holding the admin token")
+    parser.add_argument(
+        "--offline", action="store_true", help="change the registry file directly, not a gateway"
+    )
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     new = sub.add_parser("new", help="mint a key for a tenant")
     new.add_argument("--tenant", required=True, help="tenant id ([A-Za-z0-9._-], 1-64)")
     new.add_argument("--json", action="store_true", help="print one JSON object")
+    new.add_argument("--label", help="registry: what the key is for (shown by list)")
+    new.add_argument("--expires", metavar="WHEN", help="registry: 30d, 12h, 90m, or epoch seconds")
+    new.add_argument("--budget", action="append", default=[], metavar="PERIOD=TOKENS",
+                     help="registry: this key's tokens per hour, day or month")  # fmt: skip
+    _target_options(new, policy=False)
     new.add_argument(
         "--digest-file",
         metavar="PATH",
@@ -49,8 +75,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--policy",
         metavar="FILE",
-        help="read the pepper from this policy; the tenant must be in it",
+        help="the policy: its registry (if it has one), else its pepper and tenants",
     )
+    listing = sub.add_parser("list", help="a registry's keys (ids, labels, states; never keys)")
+    listing.add_argument("--tenant", help="only this tenant's")
+    _target_options(listing)
+    for name, text in (("revoke", "refuse a key from now on"), ("expire", "set a key's expiry")):
+        action = sub.add_parser(name, help=text)
+        action.add_argument("key", help="the key's id (kvfence keys list), or a unique prefix")
+        if name == "expire":
+            action.add_argument("--at", default="now", help="now (default), 30d, or epoch seconds")
+        _target_options(action)
 
 
 def _secret(read: Callable[[], bytes]) -> bytes:
@@ -154,7 +189,33 @@ def _mint(args: argparse.Namespace, pepper: bytes) -> tuple[str, str]:
     return key, digest
 
 
+def _registry_mode(args: argparse.Namespace) -> bool:
+    """Whether `keys new` goes to the tenant registry (else: a digest for the policy file)."""
+    wants = [n for n in _REGISTRY_ONLY if getattr(args, n, None) not in (None, False, [])]
+    legacy = args.digest_file is not None or args.pepper_env or args.pepper_file
+    if wants and legacy:
+        option = "--" + wants[0].replace("_", "-")
+        raise KeysError(f"{option} is for a tenant registry; --digest-file and --pepper-* are not")
+    if wants:
+        return True
+    if legacy or not args.policy:
+        return False
+    return "registry" in _read_policy(args.policy)
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.action != "new":
+        from gateway.registry_cli import keys_main
+
+        return keys_main(args)
+    try:
+        if _registry_mode(args):
+            from gateway.registry_cli import keys_main
+
+            return keys_main(args)
+    except KeysError as exc:
+        print(f"kvfence keys: {exc}", file=sys.stderr)
+        return 2
     try:
         if not TENANT_ID_RE.fullmatch(args.tenant):
             raise KeysError(

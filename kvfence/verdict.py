@@ -9,6 +9,9 @@ answer's reported cache hit is explained by the namespace's own history. Under `
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Final
+
+VERDICT_HEADER: Final = "x-kvfence-verdict"  # on every answer the gateway gives
 
 
 class Verdict(StrEnum):

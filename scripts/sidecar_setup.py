@@ -1,20 +1,30 @@
-"""State for scripts/sidecar: secrets, two tenants' API keys and the policy that puts the gateway
-in front of a vLLM, all in .kvfence/sidecar/ (mode 0700). Existing secrets and keys are kept; the
-policy is rewritten each run, so the ports given on the command line are the only ones used."""
+"""State for scripts/sidecar: secrets, the tenant registry and the policy that puts the gateway
+in front of a vLLM, all in .kvfence/sidecar/ (mode 0700). Existing secrets are kept; tenants live
+in the registry (state/registry.json), so every run keeps every tenant there, whoever added it
+(`kvfence tenants add`, an earlier run's `--tenant`): a run adds the tenants it is asked for
+(acme, globex and each `--tenant NAME`) that are missing, each with a key in keys/NAME, and
+removes none. The policy is rewritten each run, so the ports given on the command line are the
+only ones used. `--block-size` without a value asks the running vLLM for its KV block size."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import secrets
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
-from kvfence.apikey import key_digest, mint_key
+from gateway.fleet.local_registry import FileRegistry
+from gateway.policy import registry as reg
+from kvfence.apikey import TENANT_ID_RE, key_digest, mint_key
 
 TENANTS = ("acme", "globex")
 SECRETS = ("namespace-key", "pepper", "audit-key", "admin-token")
+_BLOCK_RE = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
 
 
 def _private(path: Path, text: str) -> None:
@@ -23,19 +33,22 @@ def _private(path: Path, text: str) -> None:
         out.write(text)
 
 
+def server_block_size(vllm_url: str) -> int | None:
+    """The KV block size a running vLLM reports in its metrics (`vllm:cache_config_info`)."""
+    try:
+        with urllib.request.urlopen(f"{vllm_url}/metrics", timeout=10) as resp:  # noqa: S310
+            found = _BLOCK_RE.search(resp.read().decode(errors="replace"))
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    return int(found.group(1)) if found else None
+
+
 def policy(
     vllm_url: str, model: str, port: int, admin: int, block: int, tokenizer: Path | None = None
 ) -> str:
     exact = f"tokenizer: {json.dumps(str(tokenizer))}, " if tokenizer else ""
-    tenants = "".join(
-        f"""
-  - id: {tenant}
-    api_keys: [{{file: tenants/{tenant}.digests}}]
-    scope: tenant
-    models: [{model}]"""
-        for tenant in TENANTS
-    )
     return f"""# Written by scripts/sidecar on every run: change its options, not this file.
+# Tenants and keys are in the registry (state/registry.json): kvfence tenants, kvfence keys.
 version: 1
 gateway:
   listen: {{host: 127.0.0.1, port: {port}}}
@@ -53,10 +66,57 @@ backends:
     url: {vllm_url}
     verify:
       canary: {{interval_s: 300, prompt_tokens: 384}}
-      detective: {{{exact}block_size: {block}}}
+      detective: {{{exact}block_size: {block}}}   # the server's KV block size
     models: [{{name: {model}, revision: "1"}}]
-tenants:{tenants}
+registry: true
+tenants: []
 """
+
+
+def _adopt_old_keys(state: Path, doc: reg.Document, pepper: bytes, model: str) -> None:
+    """Runs before the registry kept their keys in keys.json: those keys keep working."""
+    old = state / "keys.json"
+    if not old.exists():
+        return
+    for tenant, key in json.loads(old.read_text()).items():
+        if tenant not in doc["tenants"]:
+            record = {"id": tenant, "scope": "tenant", "models": [model],
+                      "added_by": "scripts/sidecar"}  # fmt: skip
+            reg.add_tenant(doc, record, [])
+        digest = key_digest(pepper, key)
+        if reg.key_id(digest) not in doc["keys"]:
+            reg.new_key(doc, tenant, digest, known=[tenant], label="scripts/sidecar")
+
+
+def ensure_tenants(state: Path, model: str, wanted: list[str], pepper: bytes) -> list[str]:
+    """Every tenant in `wanted` is in the registry with a key in keys/NAME; returns those added.
+    Tenants already there (added by anyone) are left as they are."""
+    added: list[str] = []
+    new_keys: dict[str, str] = {}
+
+    def change(doc: reg.Document) -> None:
+        _adopt_old_keys(state, doc, pepper, model)
+        for tenant in wanted:
+            if tenant in doc["tenants"]:
+                continue
+            record = {"id": tenant, "scope": "tenant", "models": [model],
+                      "added_by": "scripts/sidecar"}  # fmt: skip
+            reg.add_tenant(doc, record, [])
+            key = mint_key()
+            reg.new_key(doc, tenant, key_digest(pepper, key), known=[tenant],
+                        label="scripts/sidecar")  # fmt: skip
+            new_keys[tenant] = key
+            added.append(tenant)
+
+    FileRegistry(state / "state" / "registry.json").update(change)
+    old = state / "keys.json"
+    kept = json.loads(old.read_text()) if old.exists() else {}
+    for tenant, key in {**kept, **new_keys}.items():
+        if not (state / "keys" / tenant).exists() or tenant in new_keys:
+            _private(state / "keys" / tenant, key)
+    if old.exists():
+        old.unlink()  # its keys are in keys/ and their digests in the registry
+    return added
 
 
 def main() -> int:
@@ -66,29 +126,37 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--admin-port", type=int, required=True)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, help="vLLM's KV block size (default: asked)")
     parser.add_argument(
         "--tokenizer", type=Path, help="the model's Hugging Face folder (exact fingerprints)"
     )
+    parser.add_argument("--tenant", action="append", default=[], help="a tenant to keep (repeat)")
     args = parser.parse_args()
     state: Path = args.state
-    for sub in ("", "secrets", "tenants", "keys", "audit", "anchor", "state", "logs"):
+    for bad in (t for t in args.tenant if not TENANT_ID_RE.fullmatch(t)):
+        print(f"scripts/sidecar: --tenant {bad!r}: use 1-64 of A-Z a-z 0-9 . _ -", file=sys.stderr)
+        return 2
+    block = args.block_size or server_block_size(args.vllm_url)
+    if block is None:
+        block = 16
+        print(
+            f"scripts/sidecar: {args.vllm_url}/metrics names no KV block size; assuming 16 "
+            "(vLLM's GPU default): pass --block-size if yours differs",
+            file=sys.stderr,
+        )
+    for sub in ("", "secrets", "keys", "audit", "anchor", "state", "logs"):
         (state / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
     for name in SECRETS:
         if not (state / "secrets" / name).exists():
             _private(state / "secrets" / name, secrets.token_urlsafe(32))
     pepper = (state / "secrets" / "pepper").read_bytes().rstrip(b"\r\n")
-    keys_path = state / "keys.json"
-    keys = json.loads(keys_path.read_text()) if keys_path.exists() else {}
-    for tenant in TENANTS:
-        keys.setdefault(tenant, mint_key())
-        _private(state / "tenants" / f"{tenant}.digests", key_digest(pepper, keys[tenant]) + "\n")
-        _private(state / "keys" / tenant, keys[tenant])
-    _private(keys_path, json.dumps(keys, indent=2))
-    text = policy(
-        args.vllm_url, args.model, args.port, args.admin_port, args.block_size, args.tokenizer
-    )
+    wanted = list(dict.fromkeys([*TENANTS, *args.tenant]))
+    added = ensure_tenants(state, args.model, wanted, pepper)
+    text = policy(args.vllm_url, args.model, args.port, args.admin_port, block, args.tokenizer)
     (state / "policy.yaml").write_text(text)
+    for tenant in added:
+        print(f"==> tenant {tenant} added, its key in {state / 'keys' / tenant}")
+    print(f"==> the detective audit counts vLLM's KV blocks of {block} tokens")
     return 0
 
 

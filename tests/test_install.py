@@ -173,3 +173,60 @@ async def _run(exe: Path, *args: str, env: dict[str, str]) -> subprocess.Complet
     out, err = await asyncio.wait_for(proc.communicate(), timeout=300)
     assert proc.returncode is not None
     return subprocess.CompletedProcess(args, proc.returncode, out.decode(), err.decode())
+
+
+async def test_the_otel_extra_sends_traces_and_its_absence_is_one_line(tmp_path: Path) -> None:
+    """A policy with `gateway.tracing` under `kvfence[gateway]` alone: refused in one line naming
+    `kvfence[gateway,otel]`; with that installed, a request's span reaches an OTLP collector."""
+    pytest.importorskip("opentelemetry.proto", reason="the suite's .venv has the otel extra")
+    from kvfence.apikey import key_digest, mint_key
+    from tests.fakes.otlp_collector import FakeCollector
+    from tests.kit.polling import until
+
+    src = clone(tmp_path)
+    bin_dir = await asyncio.to_thread(venv, tmp_path / "env", [f"{src}[gateway]"])
+    pepper, key, port, admin = secrets.token_urlsafe(32), mint_key(), free_port(), free_port()
+    collector = FakeCollector()
+    await collector.start()
+    policy = tmp_path / "traced.yaml"
+    policy.write_text(f"""version: 1
+gateway:
+  listen: {{host: 127.0.0.1, port: {port}}}
+  admin: {{host: 127.0.0.1, port: {admin}}}
+  namespace_keys: [{{id: ns1, secret: {{env: KVFENCE_NS_KEY_NS1}}, active: true}}]
+  api_key_pepper: {{env: KVFENCE_PEPPER}}
+  tracing: {{otlp_endpoint: "{collector.url}/v1/traces", batch_delay_s: 0.2}}
+backends:
+  - {{name: gone, kind: vllm, url: "http://127.0.0.1:{free_port()}", verify: {{canary: false}},
+      models: [{{name: smollm2, revision: "1"}}]}}
+tenants:
+  - {{id: acme, api_keys: ["{key_digest(pepper.encode(), key)}"], scope: tenant, models: [smollm2]}}
+""")
+    env = user_env(KVFENCE_NS_KEY_NS1=secrets.token_urlsafe(32), KVFENCE_PEPPER=pepper)
+    command = [str(bin_dir / "kvfence"), "gateway", "--policy", str(policy)]
+    try:
+        refused = await asyncio.to_thread(
+            subprocess.run, command, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert refused.returncode == 2
+        assert "pip install 'kvfence[gateway,otel]'" in _one_line(refused)
+        pip = [str(bin_dir / "python"), "-m", "pip", "install", "-q", f"{src}[gateway,otel]"]
+        await asyncio.to_thread(
+            subprocess.run, pip, env=user_env(), check=True, capture_output=True, timeout=600
+        )
+        proc = _start(command, env, tmp_path / "traced.log")
+        try:
+            await asyncio.to_thread(
+                wait_http, f"http://127.0.0.1:{port}/healthz", proc, deadline_s=60
+            )
+            body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            status, _ = await asyncio.to_thread(_post, url, body, key)
+            assert status == 502  # the backend is gone: the attempt is still one span
+            await until(lambda: collector.spans, timeout_s=30, what="the span exported")
+            (span,) = collector.spans
+            assert span.name == "chat smollm2" and span.attributes["kvfence.tenant"] == "acme"
+        finally:
+            assert _stop(proc) == 0, (tmp_path / "traced.log").read_text()[-2000:]
+    finally:
+        await collector.close()

@@ -40,6 +40,12 @@ def _read_until(proc: subprocess.Popen[str], marker: str, deadline_s: float) -> 
     raise AssertionError("scripts/up did not report ready:\n" + "".join(out[-40:]))
 
 
+def _printed_openai(output: str) -> str:
+    match = re.search(r"^  (\.venv/bin/python - <<'PY'\n.*?\nPY)$", output, re.S | re.M)
+    assert match, output
+    return match.group(1)
+
+
 def _printed_curl(output: str) -> str:
     match = re.search(r"^  (curl .*?'\n)", output, re.S | re.M)
     assert match, output
@@ -120,6 +126,11 @@ def test_scripts_up_from_a_fresh_clone(tmp_path: Path) -> None:
             assert answer.startswith("HTTP/1.1 200"), answer
             assert re.search(r"^x-kvfence-verdict: clean\r?$", answer, re.M | re.I), answer
             assert "Paris" in answer
+        example = subprocess.run(  # the openai client example, in the .venv it names
+            ["bash", "-c", _printed_openai(output)], cwd=clone, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+        assert example.returncode == 0 and "Paris" in example.stdout, example.stderr
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:

@@ -21,6 +21,8 @@ class Adapter(ABC):
 
     kind: ClassVar[str]
     scoped: ClassVar[bool] = True
+    # The paths this kind serves and, where they reach a cache, scopes (any other: 404 naming
+    # these). vLLM's are all of them; each narrower kind lists its own.
     paths: ClassVar[frozenset[str]] = PROXIED_PATHS
     # Whether the backend can cache a prompt's leading part in a public namespace and the rest in
     # the tenant's (kvfence's handles can; a single cache salt per request cannot).

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.adapters.base import Adapter
+from gateway.inputs.paths import OPENAI_PATHS
 
 
 class UnscopedAdapter(Adapter):
@@ -12,6 +13,7 @@ class UnscopedAdapter(Adapter):
 
     kind = "unscoped"
     scoped = False
+    paths = OPENAI_PATHS
 
     def inject(self, path: str, body: dict[str, Any], headers: dict[str, str], ns: str) -> None:
         return

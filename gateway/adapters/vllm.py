@@ -1,12 +1,14 @@
 """vLLM, SGLang, TensorRT-LLM and MAX Serve: the namespace travels as the top-level `cache_salt`
-body field."""
+body field. vLLM takes it on every path it caches (chat, completions, responses, and embeddings
+on a pooling server) and serves `/tokenize` and `/detokenize`, which cache nothing; SGLang's
+salt reaches chat, completions and responses only."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from gateway.adapters.base import Adapter
-from gateway.inputs.paths import CHAT
+from gateway.inputs.paths import CHAT, COMPLETIONS, RESPONSES
 
 
 class VllmAdapter(Adapter):
@@ -20,6 +22,7 @@ class SglangAdapter(VllmAdapter):
     """SGLang reads the same field (builds before its salt reached the scheduler are unisolated)."""
 
     kind = "sglang"
+    paths = frozenset({CHAT, COMPLETIONS, RESPONSES})
 
 
 class TrtllmAdapter(VllmAdapter):

@@ -6,7 +6,8 @@ when every chain is intact; 1 when one was tampered with (or cut, rolled back, p
 missing); 2 when the key or the policy cannot be read; 3 when a log was written under another
 key. Verdicts count each request's final record; a stream whose record was opened (before its
 first byte) and never completed is counted and said, not failed: the gateway stopped while it
-ran."""
+ran. `kvfence audit tenants` names the tenants behind the records' namespace labels
+(gateway.audit.names)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
+from gateway.audit import names
 from gateway.audit.chain.chains import Chain, ChainsError, find_chains, policy_audit
 from gateway.audit.chain.format import mac_key
 from gateway.audit.chain.verify import (
@@ -61,6 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     keys = verify.add_mutually_exclusive_group()
     keys.add_argument("--key-env", help="env var holding the key (default KVFENCE_AUDIT_KEY)")
     keys.add_argument("--key-file", type=Path, help="file holding the key")
+    names.configure(sub.add_parser("tenants", help="name the tenants behind namespace labels"))
 
 
 def _settings(args: argparse.Namespace) -> tuple[Path, Path | None, bytes]:
@@ -114,6 +117,8 @@ def _describe(summaries: list[FileSummary], anchored: bool) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.action == "tenants":
+        return names.main(args)
     try:
         path, anchor, key = _settings(args)
         chains = find_chains(path, anchor, args.workers)

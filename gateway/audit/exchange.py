@@ -42,7 +42,7 @@ from gateway.errors import (
     error_body,
     error_event,
 )
-from gateway.inputs.paths import RESPONSES
+from gateway.inputs.paths import GENERATES, RESPONSES
 from gateway.receipts import draft as receipts
 from gateway.state import (
     BODY,
@@ -142,7 +142,7 @@ class Exchange:
         exchange = cls(request, verification)
         ctx = exchange.ctx
         verify = ctx.backend.verify
-        if verify is None:
+        if verify is None or request.path not in GENERATES:
             return exchange
         watch = request.app[WATCH]
         watch.budget.request(ctx.backend.name)

@@ -1,10 +1,10 @@
 """Settle: the one place a judgement becomes what the client gets, its final audit record and
 (for a tenant with receipts) the answer's signed receipt: the verdict is counted, logged when it
-is not clean, and written to the audit log; the receipt names that record; a violation is
-reported to the watch (a live marker quarantines; a detective finding triggers a canary round
-shaped like the request); a withheld answer is replaced by a local error. Before a stream's
-first byte, `open_stream` writes the record that settling it completes. Only the exchange calls
-either.
+is not clean, traced (with `gateway.tracing`), and written to the audit log; the receipt names
+that record; a violation is reported to the watch (a live marker quarantines; a detective
+finding triggers a canary round shaped like the request); a withheld answer is replaced by a
+local error. Before a stream's first byte, `open_stream` writes the record that settling it
+completes. Only the exchange calls either.
 
 Invariant: every request that reached the upstream step is settled exactly once; a stream's
 record is opened before a byte of it reaches the client; a record or a receipt that cannot be
@@ -22,6 +22,7 @@ from aiohttp import web
 from gateway.audit.chain.log import Appended, AuditWriteError
 from gateway.audit.judge import Answer, AuditContext, Judgement, record
 from gateway.audit.sink import AUDIT_SINK
+from gateway.audit.trace import TRACES
 from gateway.errors import AttestationRefused, AuditWriteFailed, error_response
 from gateway.metrics import METRICS, Metrics
 from gateway.receipts.draft import Draft
@@ -32,9 +33,9 @@ from gateway.verify.evidence import canary_reason
 from gateway.verify.shapes import of_request
 from gateway.verify.watch import WATCH
 from kvfence.receipt import RECEIPT_HEADER
+from kvfence.verdict import VERDICT_HEADER as VERDICT_HEADER
 from kvfence.verdict import Verdict
 
-VERDICT_HEADER: Final = "x-kvfence-verdict"
 _QUIET: Final = frozenset({Verdict.CLEAN, Verdict.UNATTESTED, Verdict.VERIFIED, Verdict.UNVERIFIED})
 log = logging.getLogger("kvfence.gateway.audit")
 
@@ -83,6 +84,9 @@ async def settle(
         if receipt is not None:
             receipt.replace(bytes(local.body))  # type: ignore[arg-type]
     final_status = answer.status if status is None else status
+    traces = request.app.get(TRACES)
+    if traces is not None:  # gateway.tracing: this attempt's span
+        traces.record(request, ctx, answer, judgement, final_status, reason)
     if answer.total_tokens or answer.estimated_tokens:
         request[USED_TOKENS] = answer.total_tokens or answer.estimated_tokens
     _count(request.app[METRICS], ctx, answer, judgement)

@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.inputs import jsonbody
-from gateway.inputs.paths import CHAT, COMPLETIONS
+from gateway.inputs.paths import CHAT, COMPLETIONS, UNCACHED
 from gateway.metrics import METRICS
 from gateway.policy.tenant_model import Scope
 from gateway.state import (
@@ -47,8 +47,10 @@ async def inject(request: web.Request) -> None:
     if route.backend.api_key is not None:
         headers["authorization"] = "Bearer " + route.backend.api_key.value.decode()
     ns = request[NAMESPACE]
-    route.adapter.inject(request.path, body, headers, ns)
-    if route.adapter.scoped:
+    cached = request.path not in UNCACHED  # the tokenizer paths reach no cache: nothing to scope
+    if cached:
+        route.adapter.inject(request.path, body, headers, ns)
+    if route.adapter.scoped and cached:
         metrics = request.app[METRICS]
         metrics.child(metrics.namespaces_injected, route.backend.name).inc()
     streaming = body.get("stream") is True and request.path in (CHAT, COMPLETIONS)

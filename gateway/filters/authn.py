@@ -1,5 +1,6 @@
-"""Authentication: the presented API key must map to exactly one tenant (deny by default). The
-listener's connection caps may have looked the key up already (`IDENTIFIED`): taken as found."""
+"""Authentication: the presented API key must map to exactly one tenant (deny by default); a
+registry key opens it only while it is neither revoked nor expired. The listener's connection
+caps may have looked the key up already (`IDENTIFIED`): taken as found."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ from aiohttp import web
 from gateway.errors import Unauthenticated
 from gateway.listener.connections import IDENTIFIED
 from gateway.metrics import METRICS
-from gateway.state import RUNTIME, TENANT
+from gateway.state import API_KEY, RUNTIME, TENANT
+
+_REFUSED = {
+    "unknown": "invalid API key",
+    "revoked": "this API key was revoked: ask for a new one",
+    "expired": "this API key has expired: ask for a new one",
+}
 
 
 def presented_key(request: web.BaseRequest) -> str | None:
@@ -36,8 +43,12 @@ async def authenticate(request: web.Request) -> None:
         request.app[METRICS].auth_failures.labels("missing").inc()
         raise Unauthenticated("missing API key: send Authorization: Bearer <key> or x-api-key")
     seen = request.get(IDENTIFIED)
-    tenant = seen.tenant if seen is not None else request[RUNTIME].tenant_for_key(key)
-    if tenant is None:
-        request.app[METRICS].auth_failures.labels("unknown").inc()
-        raise Unauthenticated("invalid API key")
-    request[TENANT] = tenant
+    who = seen.identity if seen is not None else None
+    if who is None:
+        who = request[RUNTIME].identify(key)
+    if who.tenant is None:
+        request.app[METRICS].auth_failures.labels(who.refused).inc()
+        raise Unauthenticated(_REFUSED[who.refused])
+    request[TENANT] = who.tenant
+    if who.key is not None:
+        request[API_KEY] = who.key

@@ -2,17 +2,20 @@
 
 A tenant can narrow its namespace (user, session, request) but never leave it: the tenant id is
 always part of the derivation, and a missing user or session id is refused rather than widened;
-scope `request` takes a fresh random value each time.
+scope `request` takes a fresh random value each time. The tokenizer paths, which reach no cache,
+need no scope value: their namespace (never sent) is the tenant's, for the record and routing.
 """
 
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 from typing import Any, Final
 
 from aiohttp import web
 
 from gateway.errors import MissingScopeValue
+from gateway.inputs.paths import UNCACHED
 from gateway.policy.tenant_model import Scope, Tenant
 from gateway.state import BODY, NAMESPACE, PROMPT_CACHE_KEY, ROUTE, RUNTIME, SCOPE_VALUE, TENANT
 
@@ -39,6 +42,9 @@ def _scope_value(tenant: Tenant, body: dict[str, Any], request: web.Request) -> 
 
 async def derive(request: web.Request) -> None:
     tenant = request[TENANT]
-    value = _scope_value(tenant, request[BODY], request)
+    if request.path in UNCACHED:  # the tokenizer reaches no cache: the tenant's own label
+        tenant, value = replace(tenant, scope=Scope.TENANT), ""
+    else:
+        value = _scope_value(tenant, request[BODY], request)
     request[SCOPE_VALUE] = value
     request[NAMESPACE] = request[RUNTIME].namespace(tenant, value, request[ROUTE])

@@ -1,5 +1,6 @@
 """Policy check: the tenant may use the requested model; the first of its backends that is not
-quarantined, and serves this path, takes the request.
+quarantined, and serves this path, takes the request (none serves it: 404 naming the paths they
+do serve, never a 5xx).
 
 Invariant: a quarantined backend receives no tenant traffic, and a failover stays among the
 model's backends (which the policy keeps all scoped or all unscoped).
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.errors import BackendQuarantined, BadRequest, ModelNotFound, NotSupported
+from gateway.errors import BackendQuarantined, BadRequest, ModelNotFound, PathNotServed
 from gateway.state import BODY, ROUTE, RUNTIME, TENANT
 from gateway.verify.service import VERIFY
 
@@ -25,7 +26,10 @@ async def choose_route(request: web.Request) -> None:
         raise ModelNotFound(model)
     serving = [r for r in routes if request.path in r.adapter.paths]
     if not serving:
-        raise NotSupported(f"{request.path} is not available for model {model!r}")
+        paths = ", ".join(sorted({p for r in routes for p in r.adapter.paths}))
+        raise PathNotServed(
+            f"{request.path} is not served for model {model}: its backends serve {paths}"
+        )
     health = request.app[VERIFY].health
     for route in serving:
         if not health.get(route.backend.name).quarantined:

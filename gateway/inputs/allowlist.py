@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from gateway.errors import UnknownField
 from gateway.inputs import fields
-from gateway.inputs.paths import CHAT, RESPONSES
+from gateway.inputs.paths import CHAT, RESPONSES, TOKENIZE
 from gateway.metrics import Metrics
 
 MAX_NAME_SHOWN: Final = 64
@@ -103,7 +103,7 @@ def prune(path: str, body: dict[str, Any], extras: frozenset[str]) -> list[str]:
         elif key not in allowed:
             del body[key]
             dropped.append(key)
-    if path == CHAT:
+    if path in (CHAT, TOKENIZE):
         dropped += _messages(body.get("messages"))
     elif path == RESPONSES:
         dropped += _input_items(body.get("input"))

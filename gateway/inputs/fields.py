@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Final
 
-from gateway.inputs.paths import CHAT, COMPLETIONS, RESPONSES
+from gateway.inputs.paths import CHAT, COMPLETIONS, DETOKENIZE, EMBEDDINGS, RESPONSES, TOKENIZE
 
 _F = frozenset
 # `openai` 3.57 `types`: chat `completion_create_params`, `completion_create_params`,
-# `responses.response_create_params`, plus `stream`. The cache-scoping ones (`prompt_cache_*`)
-# are in NEVER instead; `prompt_cache_key` reaches the namespace step through filters.scrub.
+# `responses.response_create_params`, `embedding_create_params`, plus `stream`. The
+# cache-scoping ones (`prompt_cache_*`) are in NEVER instead; `prompt_cache_key` reaches the
+# namespace step through filters.scrub.
 OPENAI: Final[dict[str, frozenset[str]]] = {
     CHAT: _F({"audio", "frequency_penalty", "function_call", "functions", "logit_bias",
               "logprobs", "max_completion_tokens", "max_tokens", "messages", "metadata",
@@ -33,6 +34,11 @@ OPENAI: Final[dict[str, frozenset[str]]] = {
                    "reasoning", "safety_identifier", "service_tier", "store", "stream",
                    "stream_options", "temperature", "text", "tool_choice", "tools",
                    "top_logprobs", "top_p", "truncation", "user"}),
+    EMBEDDINGS: _F({"dimensions", "encoding_format", "input", "model", "user"}),
+    # vLLM's tokenizer endpoints (its `TokenizeRequest`, `DetokenizeRequest`): no cache.
+    TOKENIZE: _F({"add_generation_prompt", "add_special_tokens", "continue_final_message",
+                  "messages", "model", "prompt", "return_token_strs", "tools"}),
+    DETOKENIZE: _F({"model", "tokens"}),
 }  # fmt: skip
 
 # Chat message keys, and per content-part type the keys a part keeps (the part's payload object

@@ -26,21 +26,21 @@ from aiohttp.web_protocol import RequestHandler
 from gateway.errors import Overloaded, error_response
 from gateway.listener.edge import REFUSAL
 from gateway.metrics import Metrics
-from gateway.policy.tenant_model import Tenant
+from gateway.policy.runtime import Identity
 
 PROBES: Final = frozenset({"/healthz", "/readyz"})
 TICK_S: Final = 0.05
 GRACE_TICKS: Final = 10  # a connection's time to send its request before it may give way
 MIN_OVERFLOW: Final = 4096  # connections held over the cap, at least (else: 4 x `limit`)
-Identify = Callable[[web.BaseRequest], Tenant | None]  # the tenant the request's key names
+Identify = Callable[[web.BaseRequest], Identity | None]  # who the request's key is (None: no key)
 
 
 @dataclass(frozen=True, slots=True)
 class Identified:
-    """The tenant a request's key authenticates (None: no such tenant), found once here and
-    taken by authentication."""
+    """Who a request's key is (None: it presented none), found once here and taken by
+    authentication."""
 
-    tenant: Tenant | None
+    identity: Identity | None
 
 
 IDENTIFIED = web.RequestKey("kvfence_identified", Identified)
@@ -142,8 +142,9 @@ class Pressure:
         """A request arrived on `conn`: count it against its tenant (else its address) and admit
         a held connection; None when it may run, else the cap that refuses it (`total` or
         `per_client`)."""
-        tenant = self._identify(request) if self._identify is not None else None
-        request[IDENTIFIED] = Identified(tenant)
+        identity = self._identify(request) if self._identify is not None else None
+        request[IDENTIFIED] = Identified(identity)
+        tenant = identity.tenant if identity is not None else None
         party = "addr:" + conn.peer if tenant is None else "tenant:" + tenant.id
         if conn.admitted:
             if party != conn.party:

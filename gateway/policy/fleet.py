@@ -1,5 +1,6 @@
 """Reading the policy's fleet settings: `gateway.routing` (how a model's backends share its
-namespaces) and `gateway.shared` (the Redis the gateway replicas share state in).
+namespaces), `gateway.shared` (the Redis the gateway replicas share state in) and
+`gateway.tracing` (where the replicas send their traces).
 
 Invariant: every number is range-checked here, and a Redis password is a secret reference,
 never inline text; a URL that carries a password is refused.
@@ -11,11 +12,19 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from gateway.policy.model import OnSharedFailure, RoutingSettings, RoutingStrategy, SharedSettings
+from gateway.policy.model import (
+    OnSharedFailure,
+    RoutingSettings,
+    RoutingStrategy,
+    SharedSettings,
+    TracingSettings,
+)
 from gateway.policy.node import Node, optional
 from gateway.policy.secrets import resolve
 
 _F = frozenset
+_OTLP_URL_RE = re.compile(r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._/-]*)?$")
+_SERVICE_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _REDIS_URL_RE = re.compile(r"^(redis|rediss)://([A-Za-z0-9._-]+)(:\d{1,5})?(/\d{1,2})?$")
 _USER_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -60,3 +69,19 @@ def _ca_file(node: Node, base: Path) -> Path:
     if not path.is_file():
         node.fail(f"cannot read {path}: not a file (the PEM bundle of Redis's CA)")
     return path
+
+
+def read_tracing(node: Node, env: Mapping[str, str], base: Path) -> TracingSettings:
+    f = node.mapping(_F({"otlp_endpoint"}), _F({"service_name", "sample_ratio", "batch_delay_s",
+                                                "headers"}))  # fmt: skip
+    url = f["otlp_endpoint"].text(_OTLP_URL_RE, "like http://collector:4318/v1/traces")
+    return TracingSettings(
+        url,
+        **optional(
+            f,
+            service_name=lambda n: n.text(_SERVICE_RE, "of [A-Za-z0-9._-], at most 64"),
+            sample_ratio=lambda n: n.number(0.0, 1.0),
+            batch_delay_s=lambda n: n.number(0.05, 60.0),
+            headers=lambda n: resolve(n, env, base, 1),
+        ),
+    )

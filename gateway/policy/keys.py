@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from gateway.policy.model import AuditLogSettings, CheckpointSettings, FsyncMode, HandleKey
 from gateway.policy.node import Node, optional
 from gateway.policy.secrets import SecretRef, read_ref, resolve
+from gateway.policy.sources import note
 from kvfence.keyfile import KEY_ID_RE, KeyFileError, TrustStore, load_private_key
 from kvfence.note import COSIGNATURE, NoteError, Verifier
 
@@ -47,6 +48,7 @@ def _file_ref(node: Node, base: Path) -> tuple[SecretRef, Path]:
 def read_private_key(node: Node, base: Path) -> tuple[SecretRef, Ed25519PrivateKey]:
     """An Ed25519 private key from `{file: PATH}` (PKCS8 PEM, mode 0600: `kvfence keygen`)."""
     ref, path = _file_ref(node, base)
+    note(path)
     try:
         return ref, load_private_key(path)
     except KeyFileError as exc:
@@ -62,6 +64,7 @@ def read_handle_key(node: Node, base: Path) -> HandleKey:
 
 def read_trust(node: Node, base: Path) -> tuple[SecretRef, TrustStore]:
     ref, path = _file_ref(node, base)
+    note(path)
     try:
         trust = TrustStore.from_file(path)
     except KeyFileError as exc:

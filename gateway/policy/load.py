@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.policy.backends import named_models, read_backends
-from gateway.policy.fleet import read_routing, read_shared
+from gateway.policy.fleet import read_routing, read_shared, read_tracing
 from gateway.policy.keys import read_audit_log, read_handle_key, read_handle_ttl
 from gateway.policy.model import (
     ClientInputMode,
@@ -23,6 +24,8 @@ from gateway.policy.model import (
     Listen,
     NamespaceKeySpec,
     Policy,
+    RegistrySettings,
+    RegistryStore,
     Timeouts,
     UnknownFieldMode,
 )
@@ -30,6 +33,7 @@ from gateway.policy.node import Bail, Node, PolicyError, compose, guarded, optio
 from gateway.policy.public import read_public
 from gateway.policy.receipts import read_receipts
 from gateway.policy.secrets import resolve
+from gateway.policy.sources import recording
 from gateway.policy.tenant_model import PublicSettings
 from gateway.policy.tenants import read_tenants
 from gateway.policy.verify import read_admin, read_history
@@ -38,12 +42,12 @@ from kvfence.namespace import KEY_ID_RE, MIN_SECRET_BYTES
 
 _F = frozenset
 _TOP = _F({"version", "gateway", "backends", "tenants"})
-_TOP_OPT = _F({"public"})
+_TOP_OPT = _F({"public", "registry"})
 _GATEWAY_REQ = _F({"namespace_keys", "api_key_pepper"})
 _GATEWAY_OPT = _F(
     {"listen", "client_inputs", "timeouts", "limits", "access_log", "handle_key", "handle_ttl_s"}
     | {"audit_log", "unknown_fields", "admin", "state_dir", "history", "routing", "shared"}
-    | {"receipts"}
+    | {"receipts", "tracing"}
 )
 T = TypeVar("T")
 _HOST_RE = re.compile(r"^[A-Za-z0-9.:_-]+$")
@@ -116,6 +120,7 @@ def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
         "routing": read_routing,
         "shared": lambda n: read_shared(n, env, base),
         "receipts": lambda n: read_receipts(n, base),
+        "tracing": lambda n: read_tracing(n, env, base),
     }
     keys = guarded(lambda: _keys(f["namespace_keys"], env, base))
     pepper = guarded(lambda: resolve(f["api_key_pepper"], env, base, MIN_PEPPER_BYTES))
@@ -144,6 +149,27 @@ def _unknown_fields(node: Node) -> UnknownFieldMode:
     return UnknownFieldMode(node.choice(("drop", "reject")))
 
 
+def _registry(node: Node, gateway: GatewaySettings, base: Path) -> RegistrySettings:
+    """`registry: true`, or `{store: file|redis, path: FILE}` (path relative to the policy)."""
+    if node.node.tag == "tag:yaml.org,2002:bool":
+        if not node.boolean():
+            node.fail("must be true or a mapping (leave it out for no registry)")
+        f: dict[str, Node] = {}
+    else:
+        f = node.mapping(_F(), _F({"store", "path"}))
+    default = RegistryStore.REDIS if gateway.shared is not None else RegistryStore.FILE
+    store = RegistryStore(f["store"].choice(tuple(RegistryStore))) if "store" in f else default
+    if store is RegistryStore.REDIS and gateway.shared is None:
+        node.fail("store redis needs gateway.shared (the Redis the replicas share)")
+    if "path" in f:
+        path = base / f["path"].text()
+    elif gateway.state_dir is not None:
+        path = gateway.state_dir / "registry.json"
+    else:
+        node.fail("the registry is kept under gateway.state_dir: set state_dir (or registry.path)")
+    return RegistrySettings(store, path)
+
+
 def parse_policy(
     text: str,
     source: str = "<policy>",
@@ -167,9 +193,12 @@ def parse_policy(
     public = PublicSettings()
     if "public" in fields:
         public = guarded(lambda: read_public(fields["public"], served | unread, base)) or public
+    registry = None
+    if "registry" in fields and settings is not None:
+        registry = guarded(lambda: _registry(fields["registry"], settings, base))
     if errors.lines or version is None or settings is None:
         raise PolicyError(errors.lines)
-    return Policy(source, version, settings, backends, tenants, public)
+    return Policy(source, version, settings, backends, tenants, public, registry)
 
 
 def load_policy(path: str | Path) -> Policy:
@@ -188,4 +217,10 @@ def load_policy(path: str | Path) -> Policy:
         raise PolicyError(
             [f"{path}:{line}: (file): not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x})"]
         ) from None
-    return parse_policy(text, str(path), base=path.parent)
+    with recording() as read:
+        try:
+            policy = parse_policy(text, str(path), base=path.parent)
+        except PolicyError as exc:
+            exc.sources = frozenset(read)
+            raise
+    return replace(policy, sources=frozenset(read))

@@ -188,6 +188,32 @@ class SharedSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingSettings:
+    """OpenTelemetry traces (the `otel` extra): one span per request, exported over OTLP/HTTP
+    (`gateway.audit.trace`). Off unless the policy has `gateway.tracing`."""
+
+    otlp_endpoint: str  # e.g. http://127.0.0.1:4318/v1/traces
+    service_name: str = "kvfence-gateway"
+    sample_ratio: float = 1.0  # of requests without a sampled parent (a parent's choice wins)
+    batch_delay_s: float = 5.0  # spans are sent in batches at most this far apart
+    headers: Secret | None = None  # `key=value,...` sent to the collector (an auth token)
+
+
+class RegistryStore(StrEnum):
+    FILE = "file"  # a JSON file every worker of this gateway reads (under state_dir)
+    REDIS = "redis"  # in the shared Redis (gateway.shared): every replica reads it
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrySettings:
+    """Where the tenant registry lives (`gateway.policy.registry`): tenants and keys that
+    `kvfence tenants` and `kvfence keys` change without editing the policy."""
+
+    store: RegistryStore
+    path: Path  # the file store's document (with store redis: unused)
+
+
+@dataclass(frozen=True, slots=True)
 class GatewaySettings:
     namespace_keys: tuple[NamespaceKeySpec, ...]
     api_key_pepper: Secret
@@ -206,6 +232,7 @@ class GatewaySettings:
     routing: RoutingSettings = RoutingSettings()
     shared: SharedSettings | None = None
     receipts: ReceiptSettings | None = None
+    tracing: TracingSettings | None = None
 
     @property
     def active_key(self) -> NamespaceKeySpec:
@@ -220,10 +247,15 @@ class Policy:
     backends: tuple[Backend, ...]
     tenants: tuple[Tenant, ...]
     public: PublicSettings = field(default_factory=PublicSettings)
+    registry: RegistrySettings | None = None
+    # Every file the load read besides the policy (the reload watcher follows them too).
+    sources: frozenset[Path] = frozenset()
 
     def summary(self) -> str:
         models = sum(len(b.models) for b in self.backends)
+        registry = " (and the registry's)" if self.registry is not None else ""
         return (
-            f"{self.source}: ok: {len(self.tenants)} tenants, {len(self.backends)} backends, "
+            f"{self.source}: ok: {len(self.tenants)} tenants{registry}, "
+            f"{len(self.backends)} backends, "
             f"{models} models, active namespace key {self.gateway.active_key.id}"
         )

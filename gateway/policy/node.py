@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import yaml
@@ -28,6 +29,7 @@ class PolicyError(Exception):
         errors = sorted(errors, key=_line_of)
         super().__init__("\n".join(errors))
         self.errors = errors
+        self.sources: frozenset[Path] = frozenset()  # what the refused load read (load_policy)
 
 
 def _line_of(error: str) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Final
 
 from gateway.policy.node import Node, optional, unique_items
+from gateway.policy.sources import note
 from gateway.policy.tenant_model import PublicPrefix, PublicSettings, Scope, TenantPublic
 
 _F = frozenset
@@ -31,6 +32,7 @@ def _content(f: dict[str, Node], node: Node, base: Path) -> str:
         text = str(f["text"].text())
     else:
         name = f["file"].text()
+        note(base / name)
         try:
             data = (base / name).read_bytes()
         except OSError as exc:

@@ -1,5 +1,6 @@
-"""Policy reload on SIGHUP and on file change: a valid policy swaps in whole, an invalid one is
-refused, logged and counted, and the running one stays.
+"""Policy reload on SIGHUP and on a change of the policy file or of any file it reads (secrets,
+key, trust, digest and prefix files, tokenizers, even one that could not be read yet): a valid
+policy swaps in whole, an invalid one is refused, logged and counted, and the running one stays.
 
 Invariant: `PolicyHolder.runtime` is replaced in one assignment; a request reads it once. The
 watcher outlives any file content and any error of its own: each failure is one refusal,
@@ -20,7 +21,9 @@ from aiohttp import web
 
 from gateway.metrics import Metrics
 from gateway.policy.load import load_policy
+from gateway.policy.model import Policy
 from gateway.policy.node import PolicyError
+from gateway.policy.registry import Document
 from gateway.policy.runtime import Runtime
 
 log = logging.getLogger("kvfence.gateway.reload")
@@ -28,12 +31,23 @@ Fingerprint = tuple[int, int, str]
 
 
 class PolicyHolder:
-    """The current runtime; swapped atomically by `Reloader`."""
+    """The current runtime, and the registry document it was built with; swapped atomically by
+    `Reloader` (a new policy) and the registry watch (a new registry document)."""
 
-    __slots__ = ("runtime",)
+    __slots__ = ("registry", "runtime")
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, registry: Document | None = None) -> None:
         self.runtime = runtime
+        self.registry = registry
+
+    def swap(self, policy: Policy | None = None, registry: Document | None = None) -> Runtime:
+        """Build and install the runtime for `policy` (default: the current one) and `registry`
+        (default: the current document)."""
+        runtime = Runtime(policy or self.runtime.policy, registry or self.registry)
+        self.runtime = runtime
+        if registry is not None:
+            self.registry = registry
+        return runtime
 
 
 HOLDER = web.AppKey("kvfence_policy_holder", PolicyHolder)
@@ -49,28 +63,55 @@ def fingerprint(path: Path) -> Fingerprint | None:
     return (stat.st_mtime_ns, stat.st_size, digest)
 
 
+def fingerprints(path: Path, sources: frozenset[Path]) -> tuple[Fingerprint | None, ...] | None:
+    """The policy's fingerprint and every source's (None where one is absent); None when the
+    policy itself cannot be read (blocking: run in a thread)."""
+    own = fingerprint(path)
+    if own is None:
+        return None
+    return (own, *(fingerprint(p) for p in sorted(sources)))
+
+
 class Reloader:
     def __init__(self, path: Path, holder: PolicyHolder, metrics: Metrics, interval_s: float):
         self.path, self.holder, self.metrics, self.interval_s = path, holder, metrics, interval_s
         self.errors: list[str] = []  # why the last reload was refused (empty after a good one)
+        # The files the last load read (or tried to): a change to any of them is a change.
+        self._sources = holder.runtime.policy.sources
         # Taken now, at start-up, so an edit made before the watcher's first poll still counts.
-        self._seen: Fingerprint | None = fingerprint(path)
+        self._seen = fingerprints(path, self._sources)
         self._lock = asyncio.Lock()
 
     async def reload(self) -> bool:
         async with self._lock:
-            self._seen = await asyncio.to_thread(fingerprint, self.path)
+            # Taken before the load, so an edit made while it runs is read by the next poll.
+            before, sources = await asyncio.to_thread(fingerprints, self.path, self._sources), None
             try:
                 policy = await asyncio.to_thread(load_policy, self.path)
-                runtime = Runtime(policy)
+                sources = policy.sources
+                self.holder.swap(policy)
             except PolicyError as exc:
+                sources = exc.sources or None
                 return self._refused(exc.errors)
             except Exception as exc:  # any failure leaves the old policy in force
                 return self._refused([f"{self.path}:0: (file): {type(exc).__name__}"])
-            self.holder.runtime, self.errors = runtime, []
+            finally:
+                await self._follow(before, sources)
+            self.errors = []
             self.metrics.reloads.labels("ok").inc()
             log.info("policy reloaded", extra={"summary": policy.summary()})
             return True
+
+    async def _follow(
+        self, before: tuple[Fingerprint | None, ...] | None, sources: frozenset[Path] | None
+    ) -> None:
+        """Watch `sources` from now on (None: the ones watched so far)."""
+        if sources is None or sources == self._sources:
+            self._seen = before
+            return
+        self._sources = sources
+        now = await asyncio.to_thread(fingerprints, self.path, sources)
+        self._seen = None if now is None or before is None else (before[0], *now[1:])
 
     def _refused(self, errors: list[str]) -> bool:
         self.errors = errors
@@ -82,7 +123,7 @@ class Reloader:
         while True:
             await asyncio.sleep(self.interval_s)
             try:
-                current = await asyncio.to_thread(fingerprint, self.path)
+                current = await asyncio.to_thread(fingerprints, self.path, self._sources)
                 if current is not None and current != self._seen:
                     await self.reload()
             except Exception as exc:  # the watcher must not die

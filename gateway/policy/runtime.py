@@ -1,13 +1,18 @@
-"""A `Policy` compiled into the lookup tables requests use, plus its namespace cache.
+"""A `Policy` and its tenant registry compiled into the lookup tables requests use, plus its
+namespace cache.
 
-Invariant: built once per policy version and never mutated except the bounded namespace cache;
-a reload builds a new `Runtime`, so a key rotation drops every cached namespace with it.
+Invariant: built once per policy version and registry version and never mutated except the
+bounded namespace cache; a reload or a registry change builds a new `Runtime`, so a key rotation
+drops every cached namespace with it. A registry key authenticates only while it is neither
+revoked nor past its expiry, checked on every lookup.
 """
 
 from __future__ import annotations
 
 import hmac
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 import aiohttp
@@ -19,6 +24,8 @@ from gateway.adapters.registry import ADAPTERS
 from gateway.inputs.paths import PROXIED_PATHS
 from gateway.policy.backend_model import Backend, ModelSpec
 from gateway.policy.model import Policy
+from gateway.policy.registry import EMPTY, Document, KeyInfo, Registry
+from gateway.policy.registry import read as read_registry
 from gateway.policy.tenant_model import PublicPrefix, Scope, Tenant
 from kvfence.apikey import is_well_formed, key_digest
 from kvfence.attestation import AttestationVerifier
@@ -46,11 +53,34 @@ def _adapter(policy: Policy, backend: Backend) -> Adapter:
     return ADAPTERS[backend.kind]()
 
 
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a presented key is: its tenant and, for a registry key, the key's record; or why it
+    opens nothing (`refused`: unknown, revoked, expired)."""
+
+    tenant: Tenant | None
+    key: KeyInfo | None = None
+    refused: str = ""
+
+
+_UNKNOWN: Final = Identity(None, None, "unknown")
+
+
+def registry_of(policy: Policy, document: Document | None) -> Registry:
+    if policy.registry is None or document is None:
+        return EMPTY
+    served = {m.name for b in policy.backends for m in b.models}
+    digests = [d for t in policy.tenants for d in t.api_keys]
+    return read_registry(document, served, policy.tenants, digests, Path(policy.source).parent)
+
+
 class Runtime:
-    """Lookup tables for one policy: key digest -> tenant, model -> routes, tenant -> models."""
+    """Lookup tables for one policy and registry: key digest -> tenant (and registry key),
+    model -> routes, tenant -> models."""
 
     __slots__ = (
         "_cache",
+        "_keys",
         "_ns_key",
         "_pepper",
         "_tenants",
@@ -59,19 +89,27 @@ class Runtime:
         "policy",
         "public_prefixes",
         "public_share",
+        "registry",
         "routes",
         "shares",
+        "tenants",
         "upstream_timeout",
         "upstream_urls",
     )
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, registry: Document | None = None) -> None:
+        """`registry`: the tenant registry's document (read when the policy has `registry`)."""
         self.policy = policy
+        self.registry = registry_of(policy, registry)
+        self.tenants = policy.tenants + self.registry.tenants
         active = policy.gateway.active_key
         self._ns_key = NamespaceKey(active.id, active.secret.value)
         self._pepper = policy.gateway.api_key_pepper.value
         self._tenants = {d: t for t in policy.tenants for d in t.api_keys}
-        self.allowed = {t.id: frozenset(t.models) for t in policy.tenants}
+        by_id = {t.id: t for t in self.tenants}
+        self._keys = {k.digest: k for k in self.registry.keys}
+        self._tenants |= {k.digest: by_id[k.tenant] for k in self.registry.keys}
+        self.allowed = {t.id: frozenset(t.models) for t in self.tenants}
         adapters = {b.name: _adapter(policy, b) for b in policy.backends}
         # Backend name -> verifier of its attestations, pinned to its audience (backend id).
         self.attestations = {
@@ -86,14 +124,14 @@ class Runtime:
                 routes.setdefault(m.name, []).append(Route(b, m, adapters[b.name]))
         self.routes = {name: tuple(found) for name, found in routes.items()}
         self._cache: dict[tuple[str, str, str, str], str] = {}
-        even = 0.5 / max(1, len(policy.tenants))  # default floors reserve half a pool in all
+        even = 0.5 / max(1, len(self.tenants))  # default floors reserve half a pool in all
         self.shares = {
             t.id: Share(
                 capacity_group(self._ns_key, t.id),
                 t.cache.ceiling,
                 min(t.cache.ceiling, even if t.cache.floor is None else t.cache.floor),
             )
-            for t in policy.tenants
+            for t in self.tenants
         }
         # Model -> its declared public prefixes, longest first (the longest match wins).
         by_model: dict[str, list[PublicPrefix]] = {}
@@ -113,16 +151,29 @@ class Runtime:
             sock_connect=policy.gateway.timeouts.connect_s
         )
 
-    def tenant_for_key(self, key: str) -> Tenant | None:
-        """The key's tenant, or None. Malformed keys stop before any lookup; the table is keyed
-        by a peppered HMAC, and the found entry is confirmed with a constant-time compare."""
+    def identify(self, key: str, now: float | None = None) -> Identity:
+        """The key's tenant (and registry record), or why not. Malformed keys stop before any
+        lookup; the table is keyed by a peppered HMAC, and the found entry is confirmed with a
+        constant-time compare."""
         if not is_well_formed(key):
-            return None
+            return _UNKNOWN
         digest = key_digest(self._pepper, key)
         tenant = self._tenants.get(digest)
-        if tenant is None or not any(hmac.compare_digest(digest, d) for d in tenant.api_keys):
-            return None
-        return tenant
+        if tenant is None:
+            return _UNKNOWN
+        info = self._keys.get(digest)
+        if info is None:
+            if not any(hmac.compare_digest(digest, d) for d in tenant.api_keys):
+                return _UNKNOWN
+            return Identity(tenant)
+        if not hmac.compare_digest(digest, info.digest):
+            return _UNKNOWN
+        state = info.state(time.time() if now is None else now)
+        return Identity(tenant, info) if state == "active" else Identity(None, info, state)
+
+    def tenant_for_key(self, key: str) -> Tenant | None:
+        """The key's tenant, or None (unknown, revoked or expired)."""
+        return self.identify(key).tenant
 
     def namespace(self, tenant: Tenant, scope_value: str, route: Route) -> str:
         if tenant.scope is Scope.REQUEST:  # a fresh value each time: nothing worth keeping

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from gateway.policy.node import Node
+from gateway.policy.sources import note
 from kvfence.secrets import SecretError, from_env, from_file
 
 _KEYS = frozenset({"env", "file"})
@@ -53,6 +54,8 @@ def read_ref(node: Node) -> SecretRef:
 
 def resolve(node: Node, env: Mapping[str, str], base: Path, min_bytes: int) -> Secret:
     ref = read_ref(node)
+    if ref.source == "file":
+        note(base / ref.name)
     try:
         value = from_env(ref.name, env) if ref.source == "env" else from_file(base / ref.name)
     except SecretError as exc:

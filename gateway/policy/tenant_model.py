@@ -33,6 +33,20 @@ class TenantLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantBudgets:
+    """Tokens (prompt + completion) a tenant or one of its keys may use per calendar period in
+    UTC (0: no budget), across every worker and, with `gateway.shared`, every replica."""
+
+    hour: int = 0
+    day: int = 0
+    month: int = 0
+
+    @property
+    def any(self) -> bool:
+        return bool(self.hour or self.day or self.month)
+
+
+@dataclass(frozen=True, slots=True)
 class TenantCache:
     """The tenant's share of our backends' KV pools (all its namespaces together): at most
     `ceiling`; other tenants may not evict its cached blocks below `floor` (None: half the pool
@@ -72,6 +86,7 @@ class Tenant:
     cache: TenantCache = TenantCache()
     public: TenantPublic = TenantPublic()
     receipts: TenantReceipts = TenantReceipts()
+    budgets: TenantBudgets = TenantBudgets()
 
 
 @dataclass(frozen=True, slots=True)

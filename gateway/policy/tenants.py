@@ -10,17 +10,21 @@ import re
 from functools import partial
 from pathlib import Path
 
+import orjson
 import yaml
 
 from gateway.inputs.scoping import is_scoping_header
-from gateway.policy.node import Node, optional, unique_items
+from gateway.policy.node import Node, PolicyError, compose, guarded, optional, unique_items
 from gateway.policy.public import read_tenant_public
 from gateway.policy.receipts import read_tenant_receipts
-from gateway.policy.tenant_model import Scope, Tenant, TenantCache, TenantLimits
+from gateway.policy.sources import note
+from gateway.policy.tenant_model import Scope, Tenant, TenantBudgets, TenantCache, TenantLimits
 from kvfence.apikey import TENANT_ID_RE, is_digest
 
 _F = frozenset
 _TENANT_REQ = _F({"id", "api_keys", "scope", "models"})
+_TENANT_OPT = _F({"scope_header", "limits", "cache", "public", "budgets", "receipts"})
+_BOOKKEEPING = _F({"added", "added_by"})  # a registry tenant's own fields beside the policy's
 _HEADER_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 
 
@@ -29,6 +33,7 @@ def _key_digests(node: Node, base: Path) -> list[tuple[Node, str]]:
     if not isinstance(node.node, yaml.MappingNode):
         return [(node, node.text())]
     name = node.mapping(_F({"file"}), _F())["file"].text()
+    note(base / name)  # the watcher reloads when it appears or changes
     try:
         lines = (base / name).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -39,7 +44,7 @@ def _key_digests(node: Node, base: Path) -> list[tuple[Node, str]]:
 def _tenant(
     item: Node, served: set[str], unread: set[str], digests: set[str], base: Path
 ) -> Tenant:
-    f = item.mapping(_TENANT_REQ, _F({"scope_header", "limits", "cache", "public", "receipts"}))
+    f = item.mapping(_TENANT_REQ, _TENANT_OPT)
     scope = Scope(f["scope"].choice(tuple(s.value for s in Scope)))
     keys = []
     for entry in f["api_keys"].items():
@@ -66,6 +71,7 @@ def _tenant(
             scope_header=lambda n: _scope_header(n, scope),
             limits=_limits,
             cache=_cache,
+            budgets=read_budgets,
         ),
         public=read_tenant_public(f.get("public"), scope),
         receipts=read_tenant_receipts(f.get("receipts")),
@@ -102,6 +108,26 @@ def _limits(node: Node) -> TenantLimits:
             tokens_per_min=lambda n: n.integer(0, 1 << 40),
         )
     )
+
+
+def read_budgets(node: Node) -> TenantBudgets:
+    f = node.mapping(_F(), _F({"hour", "day", "month"}))
+    per = {k: (lambda n: n.integer(1, 1 << 50)) for k in ("hour", "day", "month")}
+    return TenantBudgets(**optional(f, **per))
+
+
+def read_registry_tenant(tid: str, record: object, served: set[str], base: Path) -> Tenant:
+    """A registry tenant: its record is the policy's tenant mapping without `api_keys` (its keys
+    are the registry's), read by the same reader. PolicyError lists what is wrong with it."""
+    source = f"registry tenant {tid}"
+    if not isinstance(record, dict):
+        raise PolicyError([f"{source}:1: (top level): must be a mapping"])
+    fields = {k: v for k, v in record.items() if k not in _BOOKKEEPING}
+    node = compose(orjson.dumps({**fields, "id": tid, "api_keys": []}).decode(), source)
+    tenant = guarded(lambda: _tenant(node, served, set(), set(), base))
+    if tenant is None:
+        raise PolicyError(node.errors.lines)
+    return tenant
 
 
 def read_tenants(

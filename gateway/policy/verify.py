@@ -15,6 +15,7 @@ from gateway.policy.backend_model import CanarySettings, DetectiveSettings, OnSh
 from gateway.policy.model import AdminSettings, HistorySettings
 from gateway.policy.node import Node, optional
 from gateway.policy.secrets import resolve
+from gateway.policy.sources import note
 
 _F = frozenset
 _HOST_RE = re.compile(r"^[A-Za-z0-9.:_-]+$")
@@ -60,6 +61,7 @@ def _detective(node: Node, base: Path) -> DetectiveSettings | None:
 
 def _tokenizer(node: Node, base: Path) -> Path:
     folder = base / node.text()
+    note(folder / "tokenizer.json")
     if not (folder / "tokenizer.json").is_file():
         node.fail(f"{folder}: no tokenizer.json there (a Hugging Face model dir)")
     return folder

@@ -186,6 +186,28 @@ async def test_the_openai_client_through_the_gateway(stack: Stack) -> None:
     assert [r["verdict"] for r in records(stack)] == ["clean", "clean"]
 
 
+async def test_paths_our_backend_does_not_serve_fail_at_once_naming_those_it_does(
+    stack: Stack,
+) -> None:
+    """The `openai` client's responses and embeddings calls get a 404 (no retries), never a
+    5xx: the message names the paths our backend serves."""
+    client = openai.AsyncOpenAI(
+        base_url=stack.url + "/v1", api_key=stack.keys.api_keys["acme"], max_retries=2
+    )
+    try:
+        for call in (
+            client.responses.create(model="smollm2", input="Say hi."),
+            client.embeddings.create(model="smollm2", input="Say hi."),
+        ):
+            with pytest.raises(openai.NotFoundError) as caught:
+                await call
+            assert caught.value.code == "path_not_served"
+            assert "/v1/chat/completions, /v1/completions" in caught.value.message
+    finally:
+        await client.close()
+    assert records(stack) == []  # nothing reached the backend
+
+
 async def test_logprobs_and_n_through_the_gateway_with_the_openai_client(stack: Stack) -> None:
     """The gateway passes n, logprobs and top_logprobs on, judges the one attestation of a
     several-choice answer clean, and relays the backend's refusal naming the parameter."""

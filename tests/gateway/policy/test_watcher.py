@@ -4,6 +4,7 @@ and the next good version still takes effect without a SIGHUP (a tenant removed 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -129,3 +130,38 @@ async def test_reload_refuses_an_audit_path_that_cannot_be_opened(
     write(path, policy_text(upstream.url).replace("access_log: false", audit).encode())
     await until(lambda: reloads(gw, "refused"), what="the reload refused")
     assert await status_of(gw, "acme") == 200  # served under the old policy, not failed
+
+
+async def test_the_watcher_follows_every_file_the_policy_reads(
+    watched: tuple[Gateway, Path],
+    upstream: FakeUpstream,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The natural order: name a new tenant's digest file in the policy (refused: it does not
+    exist yet), then mint its key into that file; the watcher reloads on the file's creation,
+    and again on the next key appended to it, with no SIGHUP and no `admin reload`."""
+    gw, path = watched
+    newcomer = (
+        "  - {id: hooli, api_keys: [{file: hooli.digests}], scope: tenant, models: [smollm2]}\n"
+    )
+    write(path, (policy_text(upstream.url) + newcomer).encode())
+    await until(lambda: reloads(gw, "refused"), what="the policy naming a missing file refused")
+    keys = tmp_path / "hooli.digests"
+    mint = ["keys", "new", "--tenant", "hooli", "--policy", str(path), "--digest-file", str(keys)]
+    assert kvfence_main([*mint, "--json"]) == 0
+    key = json.loads(capsys.readouterr().out)["api_key"]
+    await until(lambda: reloads(gw, "ok"), what="the reload on the digest file's creation")
+    headers = {"authorization": f"Bearer {key}"}
+    body = {"model": "smollm2", "messages": MSG}
+    resp = await gw.session.post(gw.url + "/v1/chat/completions", json=body, headers=headers)
+    assert resp.status == 200
+    assert kvfence_main([*mint, "--json"]) == 0  # a second key appended to the same file
+    second = json.loads(capsys.readouterr().out)["api_key"]
+    headers = {"authorization": f"Bearer {second}"}
+
+    async def served() -> bool:
+        url = gw.url + "/v1/chat/completions"
+        return (await gw.session.post(url, json=body, headers=headers)).status == 200
+
+    await until(served, what="the second key served after its digest was appended")
