@@ -15,7 +15,10 @@ import pytest
 REDIS = shutil.which("redis-server")
 # The gateways' ACL user's rules as deploy/compose.fleet.yml and deploy/k8s give them.
 GATEWAY_USER = "kvfence-gateway"
-GATEWAY_RULES = "~kvf2:* resetchannels -@all +@read +@write +@transaction +@connection -@dangerous"
+GATEWAY_RULES = (
+    "~kvf2:* resetchannels -@all +@read +@write +@transaction +@connection -@dangerous"
+    " +evalsha +eval +script|load"
+)
 
 
 def gateway_acl(password: str) -> tuple[str, ...]:
