@@ -277,6 +277,9 @@ class Exchange:
         usage, answer = self._usage, self.answer
         answer.prompt_tokens, answer.cached_tokens = usage.prompt_tokens, usage.cached_tokens
         answer.total_tokens = usage.total_tokens
+        held = usage.held()  # the usage events the detective held: scanned like the rest
+        if held:
+            self._scan.events(held)
         ended = self._scan.terminal if self._request.path == RESPONSES else bool(self._done)
         if not ended:  # whatever the framing claimed, the protocol's last event never came
             raise UpstreamUnavailable(
@@ -286,7 +289,7 @@ class Exchange:
         self.judgement = judge(self.ctx, answer)  # now with the usage and the detective's check
         if self.judgement.blocked:
             raise _refused(self.judgement)
-        rest = self._sent(self._suspect + usage.held() + self._done + usage.tail())
+        rest = self._sent(self._suspect + held + self._done + usage.tail())
         # AuditWriteFailed: it ends the stream
         await settle(self._request, self.ctx, answer, self.judgement, receipt=self.receipt)
         return rest

@@ -76,6 +76,14 @@ def completions(stream: bool = False, **extra: Any) -> Make:
     return make
 
 
+def responses(stream: bool = False) -> Make:
+    def make(text: str) -> tuple[str, dict[str, Any]]:
+        return "/v1/responses", {"model": SERVED_MODEL, "input": text, "max_output_tokens": 2,
+                                 "stream": stream}  # fmt: skip
+
+    return make
+
+
 def _usage(stream: bool) -> dict[str, Any]:
     return {"stream_options": {"include_usage": True}} if stream else {}
 

@@ -17,7 +17,11 @@ EXTRAS: dict[str, list[str]] = tomllib.loads((ROOT / "pyproject.toml").read_text
     "optional-dependencies"
 ]
 # Import name -> distribution name, where they differ.
-DIST = {"prometheus_client": "prometheus-client", "jinja2": "jinja2"}
+DIST = {
+    "prometheus_client": "prometheus-client",
+    "jinja2": "jinja2",
+    "opentelemetry": "opentelemetry-sdk",
+}
 
 
 def _dists(extra: str) -> set[str]:

@@ -98,7 +98,7 @@ async def test_models_lists_only_the_tenants_models(gw: Gateway) -> None:
     [
         ("POST", "/reset_prefix_cache"),
         ("GET", "/v1/chat/completions"),
-        ("POST", "/v1/embeddings"),
+        ("POST", "/v1/audio/transcriptions"),
         ("GET", "/v1/../metrics/x"),
         ("POST", "/flush_cache"),
     ],

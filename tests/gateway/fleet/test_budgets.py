@@ -130,7 +130,7 @@ async def test_budgets_hold_across_replicas_and_a_lowered_counter_widens_nothing
         assert [(await status(gw))[0] for gw in (one, two, one)] == [200, 200, 200]  # 45 of 40
         assert (await status(two))[1] == "budget_exceeded"
         client = redis.Redis.from_url(redis_server.url)
-        for name in client.scan_iter("kvf1:*"):
+        for name in client.scan_iter("kvf2:*"):
             if client.type(name) == b"string":
                 client.delete(name)  # an attacker resets every counter
         client.close()

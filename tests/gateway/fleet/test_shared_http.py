@@ -72,13 +72,18 @@ async def test_redis_keys_and_values_name_no_tenant_or_backend(
         keys = client.keys("*")
         assert keys and all(k.startswith(b"kvf2:") for k in keys)
         values = []
+        members = []  # the detective history's index: key names only
         for key in keys:
-            if client.type(key) == b"hash":
+            kind = client.type(key)
+            if kind == b"hash":
                 values += client.hgetall(key).values()
+            elif kind == b"zset":
+                members += client.zrange(key, 0, -1)
             else:
                 values.append(client.get(key))
-        assert len(values) == 2 and all(v.startswith(b"S1") for v in values)  # sealed
-        dump = b" ".join(keys + values)
+        assert values and all(v.startswith(b"S1") for v in values)  # sealed
+        assert all(m.startswith(b"kvf2:") for m in members)
+        dump = b" ".join(keys + values + members)
         assert b"acme" not in dump and b"fake" not in dump and b"backend" not in dump
         client.close()
 

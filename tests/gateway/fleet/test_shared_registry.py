@@ -64,7 +64,7 @@ def snapshot(url: str) -> dict[bytes, bytes]:
     try:
         return {
             name: client.get(name) or b""
-            for name in client.scan_iter("kvf1:*")
+            for name in client.scan_iter("kvf2:*")
             if client.type(name) == b"string"
         }
     finally:

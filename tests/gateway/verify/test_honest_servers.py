@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 
 from tests.fakes.cache_server import CacheServer
-from tests.kit.leak_scenarios import chat, completions, document, leaky_gateway, never, read
+from tests.kit.leak_scenarios import (
+    chat,
+    completions,
+    document,
+    leaky_gateway,
+    never,
+    read,
+    responses,
+)
 from tests.kit.verified_gateway import Verified
 
 CANARY = "{interval_s: 3600, prompt_tokens: 64}"
@@ -71,6 +79,19 @@ async def test_disaggregated_prefill_counts_never_make_a_violation(tmp_path: Pat
                 assert status == 200 and not cut and verdict != "violation"
         outcomes = await rounds(gw, 2)
     assert "shared" not in outcomes, outcomes
+
+
+async def test_a_streamed_responses_answer_ends_with_its_final_event(tmp_path: Path) -> None:
+    """The detective holds a stream's usage until it has judged the count; in a Responses
+    stream the usage is in the final event, which still reaches the client, once."""
+    async with serving(tmp_path) as (gw, _):
+        path, body = responses(stream=True)(document(random.Random(5), 120))
+        for tenant in ("acme", "acme"):  # the repeat reports a hit its own history explains
+            resp = await gw.post(tenant, path, body)
+            raw = await resp.read()
+            assert resp.status == 200 and resp.headers["x-kvfence-verdict"] != "violation"
+            assert raw.count(b'"type":"response.completed"') == 1, raw[-300:]
+            assert b"event: error" not in raw
 
 
 async def test_a_model_that_caches_nothing_is_never_isolated(tmp_path: Path) -> None:

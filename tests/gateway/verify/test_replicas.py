@@ -99,7 +99,7 @@ async def test_a_record_that_does_not_verify_is_no_record(
             messages = [{"role": "user", "content": document(random.Random(7), 200)}]
             assert (await turn(one, "acme", messages))[:2] == (200, "verified")
             client = redis.Redis.from_url(redis_server.url)
-            for name in client.scan_iter("kvf1:*"):  # whoever reaches Redis edits every record
+            for name in client.scan_iter("kvf2:*"):  # whoever reaches Redis edits every record
                 if client.type(name) == b"hash":
                     for field in client.hkeys(name):
                         client.hset(name, field, b"S1" + b"\0" * 60)
