@@ -121,7 +121,14 @@ async def test_a_count_that_lies_is_decided_by_timing(vllm_url: str, tmp_path: P
         verified_gateway(policy_text(proxy.url, tmp_path)) as gw,
     ):
         await first_round(gw)
+        outcomes = [gw.health().canary]
+        # A busy host can leave a timing round `inconclusive` (never `isolated`): more rounds,
+        # as the schedule would run them, until two agree that it shares.
+        while not gw.health().quarantined and len(outcomes) < 5:
+            assert outcomes[-1] != "isolated", outcomes
+            outcomes.append((await gw.round()).canary)
         health = gw.health()
+        assert "isolated" not in outcomes, outcomes
         assert (health.canary, health.canary_by, health.quarantined) == ("shared", "timing", True)
         assert "confirmed" in health.canary_reason, health
 
