@@ -2,7 +2,7 @@
 the tenant listener. `GET /status` (readiness, each backend's health check and verification
 state) and `GET /metrics` need the admin token when one is set; actions (`POST /reload`,
 `POST /canary/{backend}`, `POST /quarantine/{backend}/release`) and the tenant registry's routes
-(`gateway.registry_admin`: tenants and keys) always need it.
+(`gateway.registry.admin`: tenants and keys) always need it.
 
 Invariant: no tenant API key opens anything here, and no route here exists on the tenant port.
 """
@@ -21,7 +21,7 @@ from aiohttp import web
 from gateway.metrics import METRICS
 from gateway.policy.prefixes import backend_status as public_status
 from gateway.policy.reload import HOLDER, RELOADER
-from gateway.registry_admin import add_routes as add_registry_routes
+from gateway.registry.admin import add_routes as add_registry_routes
 from gateway.routing.liveness import LIVENESS
 from gateway.routing.replicas import REPLICAS
 from gateway.shared import SHARED

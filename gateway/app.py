@@ -18,6 +18,9 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from gateway.api.log import add_log_routes
+from gateway.api.models import add_routes
+from gateway.api.receipts import add_receipt_routes
 from gateway.audit.sink import AUDIT_SINK, AuditSink, audit_sink_ctx
 from gateway.audit.trace import TRACES, Traces
 from gateway.errors import GatewayError, NotFound, Overloaded, error_response
@@ -40,16 +43,13 @@ from gateway.fleet.metrics import FLEET_METRICS, FleetMetrics
 from gateway.inputs.paths import PROXIED_PATHS
 from gateway.listener.edge import EDGE, Edge
 from gateway.listener.load import IN_FLIGHT, InFlight, busy
-from gateway.log_api import add_log_routes
 from gateway.metrics import METRICS, Metrics
-from gateway.models_api import add_routes
 from gateway.observe import failed, finish
 from gateway.policy.model import Policy
 from gateway.policy.reload import HOLDER, RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
 from gateway.receipts.service import RECEIPTS, Receipts, receipts_ctx
-from gateway.receipts_api import add_receipt_routes
-from gateway.registry_admin import open_budgets, open_registry
+from gateway.registry.admin import open_budgets, open_registry
 from gateway.relay.session import SESSION, session_ctx
 from gateway.routing.failover import failover
 from gateway.routing.liveness import LIVENESS, Liveness, LivenessCollector, readyz

@@ -3,7 +3,7 @@
 With a policy that has a tenant registry (`registry: true`), keys are the registry's: `new`
 mints one (an id, a label, an expiry, budgets), `list` shows them, `revoke` and `expire` end
 them, through the running gateway's admin listener or offline against the registry file
-(`gateway.registry_cli`, imported only then). Without one, `new` mints a key for a policy's
+(`gateway.registry.cli`, imported only then). Without one, `new` mints a key for a policy's
 `api_keys`: the pepper comes from an environment variable, a file, or the policy's
 `api_key_pepper`; with `--policy` the tenant must be one the policy names; `--digest-file`
 appends the digest to the file of digests the tenant's `api_keys` reads. `--key-file` writes the
@@ -205,12 +205,12 @@ def _registry_mode(args: argparse.Namespace) -> bool:
 
 def main(args: argparse.Namespace) -> int:
     if args.action != "new":
-        from gateway.registry_cli import keys_main
+        from gateway.registry.cli import keys_main
 
         return keys_main(args)
     try:
         if _registry_mode(args):
-            from gateway.registry_cli import keys_main
+            from gateway.registry.cli import keys_main
 
             return keys_main(args)
     except KeysError as exc:

@@ -1,6 +1,6 @@
 """`kvfence tenants add|list|remove` and the registry actions of `kvfence keys` (new with a
 registry, list, revoke, expire): against a running gateway through its admin listener, or
-offline against the registry file (`gateway.registry_client`). Exit 0 done, 2 refused."""
+offline against the registry file (`gateway.registry.client`). Exit 0 done, 2 refused."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 from gateway.policy.node import PolicyError
 from gateway.policy.registry import RegistryError
 from gateway.policy.registry_view import parse_budgets, parse_expiry, parse_limits
-from gateway.registry_client import (
+from gateway.registry.client import (
     Target,
     add_target_options,
     fail,
