@@ -27,8 +27,16 @@ class Stack:
 
 
 @asynccontextmanager
-async def open_stack(keys: ReceiptKeys, upstream: FakeUpstream) -> AsyncIterator[Stack]:
+async def open_stack(
+    keys: ReceiptKeys, upstream: FakeUpstream, patient: bool = False
+) -> AsyncIterator[Stack]:
+    """`patient`: upstream deadlines of a minute, for a test whose many concurrent answers
+    share one event loop on a busy host (the kit's 1 s would turn a slow turn into a 504)."""
     text = with_receipts(policy_text(upstream.url), keys)
+    if patient:
+        slow = "timeouts: {connect_s: 2, first_byte_s: 60, idle_s: 60}"
+        text = text.replace("timeouts: {connect_s: 2, first_byte_s: 1, idle_s: 1}", slow, 1)
+        assert slow in text
     text = text.replace("scope: session,\n", "scope: session, receipts: false,\n", 1)
     policy = parse_policy(text, str(keys.folder / "policy.yaml"), env=ENV, base=keys.folder)
     gw, runner = await run_gateway(policy, upstream)

@@ -7,16 +7,26 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import AsyncIterator
 
 import orjson
+import pytest
 
 from gateway.audit.sink import AUDIT_SINK
 from kvfence.checkpoint import InclusionProof
 from kvfence.receipt_check import verify
-from tests.gateway.receipts.conftest import Stack
+from tests.fakes.openai_upstream import FakeUpstream
+from tests.gateway.receipts.conftest import Stack, open_stack
 from tests.gateway.receipts.test_receipts import CHAT, ask
+from tests.kit.receipts import ReceiptKeys
 
 ANSWERS = 120
+
+
+@pytest.fixture
+async def stack(receipt_keys: ReceiptKeys, upstream: FakeUpstream) -> AsyncIterator[Stack]:
+    async with open_stack(receipt_keys, upstream, patient=True) as opened:
+        yield opened
 
 
 async def test_every_answer_has_its_receipt_under_load(stack: Stack) -> None:
