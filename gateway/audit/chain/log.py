@@ -72,9 +72,11 @@ class _Hooked:
 
 
 class AuditLog:
-    """Append-only audit log. fsync "always": each append is durable when it returns (records
-    that arrive together share one fsync). "batch": an append returns once written to the OS; a
-    crash of the machine loses at most `batch_max_records` records or `batch_max_ms` of them."""
+    """Append-only audit log. fsync "always": each append is durable when it returns, by group
+    commit: the writer takes every record queued, writes them, syncs once and only then completes
+    them, so one sync covers every record that arrived while the previous one ran. "batch": an
+    append returns once written to the OS; a crash of the machine loses at most
+    `batch_max_records` records or `batch_max_ms` of them."""
 
     def __init__(
         self,
