@@ -9,7 +9,7 @@ any failure raises `AuditWriteError` and every later append fails too (fail clos
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import queue
 import threading
 import time
@@ -61,6 +61,35 @@ class Appended:
     origin: str = ""
     leaf: bytes = b""
     line: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class _Waiter:
+    """Where a caller waits for its item: its event loop and a future there."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
+def _settle(outcomes: list[tuple[asyncio.Future[Any], Any]]) -> None:
+    """On the callers' loop: complete each future (a cancelled caller's is already done)."""
+    for future, outcome in outcomes:
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+
+def _deliver(outcomes: list[tuple[_Waiter, Any]]) -> None:
+    """From the writer thread: a whole batch's outcomes in one wake-up per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
+    for waiter, outcome in outcomes:
+        by_loop.setdefault(waiter.loop, []).append((waiter.future, outcome))
+    for loop, pairs in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits there any more
+            loop.call_soon_threadsafe(_settle, pairs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,15 +178,15 @@ class AuditLog:
         return note
 
     async def _put(self, item: Any) -> Any:
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         with self._lock:
             if self._failed is not None:
                 raise AuditWriteError(self._failed)
-            self._queue.put((item, future))
+            self._queue.put((item, _Waiter(loop, future)))
         # A caller cancelled while its record is queued (its client left) must not cancel the
-        # write: the record is written all the same, and the writer thread never meets a future
-        # it cannot complete.
-        return await asyncio.shield(asyncio.wrap_future(future))
+        # write: the record is written all the same, and its outcome finds the future done.
+        return await asyncio.shield(future)
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close_sync)
@@ -172,11 +201,12 @@ class AuditLog:
 
     def _run(self) -> None:
         unsynced, deadline, asks = 0, 0.0, []
+        unmarked, marked_at = False, 0.0  # synced lines the head does not count yet
         while True:
             batch = self._next(unsynced, deadline)
             stop = _STOP in batch
             items = [item for item in batch if item is not _STOP]
-            asks += [future for entry, future in items if entry is _CHECKPOINT]
+            asks += [waiter for entry, waiter in items if entry is _CHECKPOINT]
             items = [item for item in items if item[0] is not _CHECKPOINT]
             try:
                 if items and not unsynced:
@@ -190,30 +220,34 @@ class AuditLog:
                     or stop
                     or asks
                 ):
-                    self._file.sync()
-                    unsynced = 0
+                    self._file.sync_data()
+                    unsynced, unmarked = 0, True
+            except OSError as exc:
+                self._fail(f"audit write failed: {exc}", [*items, *((None, w) for w in asks)])
+                return
+            # The batch is durable ("always") or written ("batch"): its callers go on now, and
+            # the head, the anchor, a checkpoint and a rotation follow off their latency.
+            _deliver([(waiter, result) for (_, waiter), result in zip(items, results, strict=True)])
+            try:
+                # The head and the anchor move once the writer catches up, and at least every
+                # batch_max_ms under steady load: their rename is a sync of its own on ext4.
+                now = time.monotonic()
+                if unmarked and (self._queue.empty() or stop or now - marked_at >= self._max_s):
+                    self._file.mark()
+                    unmarked, marked_at = False, now
                 if self._tlog is not None and not unsynced:
                     self._tlog.after_sync(stop)
                 if self._file.size >= self._rotate_bytes:
-                    self._file.rotate()
-                    unsynced = 0
+                    self._file.rotate()  # syncs and marks both files
+                    unsynced, unmarked = 0, False
             except OSError as exc:
-                self._fail(f"audit write failed: {exc}", [*items, *((None, f) for f in asks)])
+                self._fail(f"audit write failed: {exc}", [(None, w) for w in asks])
                 return
-            for (_, future), result in zip(items, results, strict=True):
-                if future.done():
-                    continue
-                if isinstance(result, Exception):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
             if asks and self._tlog is not None and self._tlog.current:
-                for future in asks:
-                    future.set_result(self._tlog.note)
+                _deliver([(waiter, self._tlog.note) for waiter in asks])
                 asks = []
             if stop:
-                for future in asks:
-                    future.set_exception(AuditWriteError("audit log closed"))
+                _deliver([(waiter, AuditWriteError("audit log closed")) for waiter in asks])
                 self._file.close()
                 if self._tlog is not None:
                     self._tlog.close()
@@ -248,7 +282,7 @@ class AuditLog:
                 return exc
         return appended
 
-    def _fail(self, reason: str, items: list[tuple[Any, concurrent.futures.Future[Any]]]) -> None:
+    def _fail(self, reason: str, items: list[tuple[Any, _Waiter]]) -> None:
         with self._lock:  # no append can enqueue after this drain
             self._failed = reason
             while not self._queue.empty():
@@ -258,6 +292,4 @@ class AuditLog:
         self._file.close()
         if self._tlog is not None:
             self._tlog.close()
-        for _, future in items:
-            if not future.done():
-                future.set_exception(AuditWriteError(reason))
+        _deliver([(waiter, AuditWriteError(reason)) for _, waiter in items])
