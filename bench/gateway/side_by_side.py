@@ -177,7 +177,7 @@ def _line(run: Run) -> str:
     )
     load = run.load
     return (
-        f"{run.scenario:<10}{run.mode:<5}{run.target:<16}{run.round:>3}{load.completed:>8}"
+        f"{run.scenario:<10}{run.mode:<5}{run.target:<24}{run.round:>3}{load.completed:>8}"
         f"{load.errors:>6}{load.rps:>9.0f}{load.p50_ms:>8.3f}{load.p99_ms:>8.3f}{cpu}{sys_}{wait}"
     )
 
@@ -385,7 +385,7 @@ def _audit_env() -> dict[str, str]:
 
 def _print_summary(rows: list[dict[str, Any]], judged: dict[str, Any]) -> None:
     print(
-        f"\n{'scenario':<10}{'mode':<5}{'target':<16}{'rps':>8}{'p50ms':>8}{'p99ms':>8}"
+        f"\n{'scenario':<10}{'mode':<5}{'target':<24}{'rps':>8}{'p50ms':>8}{'p99ms':>8}"
         f"{'+p50':>8}{'+p99':>8}{'cpu us':>8}{'rps/wk':>8}{'rps/cpu':>8}{'err':>5}"
     )
     for r in rows:
@@ -478,13 +478,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                     env_extra=_audit_env(),
                 )
             )
-        if args.compare:
+        if args.compare:  # each configuration again, with the gateway code of REV
             tree = stack.enter_context(procs.exported(REPO_ROOT, args.compare))
-            gateways[f"gateway@{args.compare}"] = stack.enter_context(
-                procs.gateway(0, gw_core, args.nice, tree, models=models, workers=args.workers)
-            )
+            for config in args.configs:
+                name, _, lines = CONFIGS[config]
+                gateways[f"{name}@{args.compare}"] = stack.enter_context(
+                    procs.gateway(
+                        0,
+                        gw_core,
+                        args.nice,
+                        tree,
+                        models=models,
+                        workers=args.workers,
+                        gateway_lines=lines,
+                        env_extra=_audit_env(),
+                    )
+                )
         print(
-            f"{'scenario':<10}{'mode':<5}{'target':<16}{'rnd':>3}{'ok':>8}{'err':>6}"
+            f"{'scenario':<10}{'mode':<5}{'target':<24}{'rnd':>3}{'ok':>8}{'err':>6}"
             f"{'rps':>9}{'p50ms':>8}{'p99ms':>8}{'cpu us':>9}{'sys us':>8}{'wait us':>8}"
         )
         floors: Floors = {}
