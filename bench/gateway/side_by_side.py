@@ -394,7 +394,7 @@ def _print_summary(rows: list[dict[str, Any]], judged: dict[str, Any]) -> None:
             return format(v, spec) if v is not None else f"{'-':>8}"
 
         print(
-            f"{r['scenario']:<10}{r['mode']:<5}{r['target']:<16}{r['rps']:>8.0f}"
+            f"{r['scenario']:<10}{r['mode']:<5}{r['target']:<24}{r['rps']:>8.0f}"
             f"{r['p50_ms']:>8.3f}{r['p99_ms']:>8.3f}{fmt(r.get('added_p50_ms'), '>8.3f')}"
             f"{fmt(r.get('added_p99_ms'), '>8.3f')}{fmt(r['cpu_us_per_request'], '>8.0f')}"
             f"{fmt(r['rps_per_worker'], '>8.0f')}{fmt(r['cpu_bound_rps'], '>8.0f')}{r['errors']:>5}"
