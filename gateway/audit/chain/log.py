@@ -65,10 +65,13 @@ class Appended:
 
 @dataclass(frozen=True, slots=True)
 class _Waiter:
-    """Where a caller waits for its item: its event loop and a future there."""
+    """Where a caller waits for its item: its event loop and a future there; `written`: the
+    caller goes on once its record is written, before the sync that follows (which still comes
+    before any later record of the batch is acknowledged)."""
 
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
+    written: bool = False
 
 
 def _settle(outcomes: list[tuple[asyncio.Future[Any], Any]]) -> None:
@@ -152,16 +155,23 @@ class AuditLog:
         return self._failed
 
     async def append(
-        self, record: dict[str, Any], after: Callable[[Appended], None] | None = None
+        self,
+        record: dict[str, Any],
+        after: Callable[[Appended], None] | None = None,
+        *,
+        written: bool = False,
     ) -> Appended:
         """Write one record (JSON-serialisable, without the keys seq, kind, tag). `after` runs
         on the writer thread once the record is written, with where it landed (the answer's
-        receipt is written there: no second hand-off); what it raises, `append` raises."""
+        receipt is written there: no second hand-off); what it raises, `append` raises.
+        `written`: return once the record is written to the OS, without waiting for its sync
+        (a stream's `open` record: the stream's final record, synced, covers it)."""
         if RESERVED & record.keys():
             raise ValueError(f"audit records may not set {sorted(RESERVED & record.keys())}")
         orjson.dumps(record)  # a record that cannot be encoded is the caller's error, not the log's
         entry = {"kind": "record", **record}
-        appended: Appended = await self._put(entry if after is None else _Hooked(entry, after))
+        item = entry if after is None else _Hooked(entry, after)
+        appended: Appended = await self._put(item, written)
         return appended
 
     @property
@@ -177,13 +187,13 @@ class AuditLog:
         note: str | None = await self._put(_CHECKPOINT)
         return note
 
-    async def _put(self, item: Any) -> Any:
+    async def _put(self, item: Any, written: bool = False) -> Any:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._lock:
             if self._failed is not None:
                 raise AuditWriteError(self._failed)
-            self._queue.put((item, _Waiter(loop, future)))
+            self._queue.put((item, _Waiter(loop, future, written)))
         # A caller cancelled while its record is queued (its client left) must not cancel the
         # write: the record is written all the same, and its outcome finds the future done.
         return await asyncio.shield(future)
@@ -212,6 +222,8 @@ class AuditLog:
                 if items and not unsynced:
                     deadline = time.monotonic() + self._max_s
                 results = [self._write(entry) for entry, _ in items]
+                outcomes = [(waiter, r) for (_, waiter), r in zip(items, results, strict=True)]
+                _deliver([(waiter, r) for waiter, r in outcomes if waiter.written])
                 unsynced += len(items)
                 if unsynced and (
                     self._fsync == "always"
@@ -227,7 +239,7 @@ class AuditLog:
                 return
             # The batch is durable ("always") or written ("batch"): its callers go on now, and
             # the head, the anchor, a checkpoint and a rotation follow off their latency.
-            _deliver([(waiter, result) for (_, waiter), result in zip(items, results, strict=True)])
+            _deliver([(waiter, r) for waiter, r in outcomes if not waiter.written])
             try:
                 # The head and the anchor move once the writer catches up, and at least every
                 # batch_max_ms under steady load: their rename is a sync of its own on ext4.

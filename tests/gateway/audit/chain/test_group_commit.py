@@ -123,3 +123,23 @@ async def test_a_failed_sync_fails_every_append_it_covered(
     with pytest.raises(AuditWriteError):
         await log.append(record(N))
     await log.close()
+
+
+async def test_a_written_only_record_returns_before_its_sync_and_the_next_sync_covers_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream's `open` record: written before the first byte, synced with what follows."""
+    log = AuditLog(tmp_path / "audit.jsonl", SECRET)
+    rec = Recorder(monkeypatch)  # every sync is held until released
+    async with asyncio.timeout(30):
+        opened = await log.append(record(0), written=True)
+    assert rec.events == [("written", opened.seq)]  # returned with its sync still held
+    final = asyncio.create_task(log.append(record(1)))
+    await asyncio.sleep(0)
+    rec.release.set()
+    async with asyncio.timeout(30):
+        closed = await final
+    rec.add("returned", closed.seq)
+    synced = rec.first_sync_after(rec.index("written", closed.seq))
+    assert rec.index("written", opened.seq) < synced < rec.index("returned", closed.seq)
+    await log.close()
