@@ -91,8 +91,9 @@ class _Probe:
         from gateway.audit.chain.chainfile import ChainFile
 
         self.writers: list[int] = []
-        self.writes = self.syncs = 0
-        run, write, sync = audit_log.AuditLog._run, ChainFile.write, ChainFile.sync
+        self.writes = self.syncs = self.marks = 0
+        run, write = audit_log.AuditLog._run, ChainFile.write
+        sync, mark = ChainFile.sync_data, ChainFile.mark
         probe = self
 
         def traced_run(log: audit_log.AuditLog) -> None:
@@ -107,15 +108,21 @@ class _Probe:
             probe.syncs += 1
             sync(chain)
 
+        def counted_mark(chain: ChainFile) -> None:
+            probe.marks += 1
+            mark(chain)
+
         audit_log.AuditLog._run = traced_run  # type: ignore[method-assign,assignment]
         ChainFile.write = counted_write  # type: ignore[method-assign,assignment]
-        ChainFile.sync = counted_sync  # type: ignore[method-assign,assignment]
+        ChainFile.sync_data = counted_sync  # type: ignore[method-assign,assignment]
+        ChainFile.mark = counted_mark  # type: ignore[method-assign,assignment]
 
     def snapshot(self) -> dict[str, float]:
         return {
             "writer_cpu_s": sum(_thread_cpu(t) for t in self.writers),
             "writes": self.writes,
             "syncs": self.syncs,
+            "marks": self.marks,
         }
 
 

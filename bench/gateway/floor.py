@@ -30,10 +30,13 @@ async def relay(request: web.Request) -> web.StreamResponse:
             out = web.StreamResponse(
                 status=upstream.status, headers={"content-type": "text/event-stream"}
             )
-            await out.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await out.write(chunk)
-            await out.write_eof()
+            try:
+                await out.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+            except ConnectionResetError:  # the client left (the load tool stopped): not news
+                pass
             return out
         answer = await upstream.read()
         return web.Response(

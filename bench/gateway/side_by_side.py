@@ -357,6 +357,7 @@ def _components(
             "audit_records_per_request": seen["writes"] / done,
             "audit_syncs_per_request": seen["syncs"] / done,
             "audit_records_per_sync": seen["writes"] / max(seen["syncs"], 1),
+            "audit_head_moves_per_request": seen["marks"] / done,
         }
         print(f"\ncomponents, {scenario} (default configuration, {load.completed} requests):")
         for name, value in share.items():
