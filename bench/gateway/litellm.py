@@ -77,6 +77,6 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], deadline_s: float) -> 
             with urllib.request.urlopen(url, timeout=1) as answer:
                 if answer.status == 200:
                     return
-        except (urllib.error.URLError, ConnectionError):
+        except OSError:  # refused, reset, timed out: not up yet
             time.sleep(0.2)
     raise RuntimeError(f"litellm was not ready within {deadline_s} s")
