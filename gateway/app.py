@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,6 +17,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from gateway import entropy
 from gateway.api.log import add_log_routes
 from gateway.api.models import add_routes
 from gateway.api.receipts import add_receipt_routes
@@ -130,7 +130,7 @@ async def frame(
     request[TIMING] = timing
     request[RUNTIME] = request.app[HOLDER].runtime
     rid = request.headers.get("x-request-id", "")
-    request[REQUEST_ID] = rid = rid if _RID_RE.fullmatch(rid) else os.urandom(16).hex()
+    request[REQUEST_ID] = rid = rid if _RID_RE.fullmatch(rid) else entropy.token_hex(16)
     status = 500
     if log.isEnabledFor(logging.DEBUG):
         log.debug("request", extra={"rid": rid, "headers": redact_headers(request.headers.items())})

@@ -1,6 +1,7 @@
 """The floor under any aiohttp gateway: an aiohttp server whose one handler reads the body,
 posts it upstream with an aiohttp ClientSession set up as the gateway's is, reads the answer
-and returns it. No filter, no audit: what the two aiohttp halves cost by themselves.
+and returns it (an event stream chunk by chunk, as it arrives). No filter, no audit: what the
+two aiohttp halves cost by themselves.
 Run: python -m bench.gateway.floor --upstream http://127.0.0.1:PORT (prints `PORT <n>`).
 """
 
@@ -20,11 +21,23 @@ SESSION = web.AppKey("floor_session", aiohttp.ClientSession)
 UPSTREAM = web.AppKey("floor_upstream", URL)
 
 
-async def relay(request: web.Request) -> web.Response:
+async def relay(request: web.Request) -> web.StreamResponse:
     body = await request.read()
     url = request.app[UPSTREAM].with_path(request.path)
     headers = {"content-type": "application/json"}
     async with request.app[SESSION].post(url, data=body, headers=headers) as upstream:
+        if upstream.content_type == "text/event-stream":
+            out = web.StreamResponse(
+                status=upstream.status, headers={"content-type": "text/event-stream"}
+            )
+            try:
+                await out.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+            except ConnectionResetError:  # the client left (the load tool stopped): not news
+                pass
+            return out
         answer = await upstream.read()
         return web.Response(
             body=answer, status=upstream.status, headers={"content-type": upstream.content_type}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.gateway.procs import placement
-from bench.gateway.upstream import COMPLETION, STREAM_USAGE
+from bench.gateway.upstream import COMPLETION, RESPONSE_BODY, STREAM_USAGE
 
 _HEAD_END = b"\r\n\r\n"
 
@@ -58,7 +58,16 @@ def _literal(data: bytes) -> str:
     return "'" + text + "'"
 
 
-def _static(port: int, content_type: str, body: bytes) -> str:
+def _static(port: int, content_type: str, body: bytes, responses: bytes = b"") -> str:
+    extra = (
+        f"""
+        location = /v1/responses {{
+            default_type application/json;
+            return 200 {_literal(responses)};
+        }}"""
+        if responses
+        else ""
+    )
     return f"""
     server {{
         listen 127.0.0.1:{port} backlog=1024;
@@ -66,7 +75,7 @@ def _static(port: int, content_type: str, body: bytes) -> str:
         location / {{
             default_type {content_type};
             return 200 {_literal(body)};
-        }}
+        }}{extra}
     }}"""
 
 
@@ -101,7 +110,7 @@ http {{
 {temps}
     upstream json {{ server 127.0.0.1:{json_port}; keepalive 64; }}
     upstream sse {{ server 127.0.0.1:{sse_port}; keepalive 64; }}
-{_static(json_port, "application/json", _body(COMPLETION))}
+{_static(json_port, "application/json", _body(COMPLETION), RESPONSE_BODY)}
 {_static(sse_port, "text/event-stream", _sse_body())}
 {_proxy(proxy_json, "json")}
 {_proxy(proxy_sse, "sse")}

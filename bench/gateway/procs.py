@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +31,7 @@ MODEL = "smollm2"
 class Server:
     pid: int
     port: int
+    ready_s: float = 0.0  # from the process's start to its first healthy answer (gateways)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -61,6 +62,43 @@ def runqueue_wait_seconds(pid: int) -> float:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
 
 
+def peak_rss_mib(pid: int) -> float:
+    """Peak resident memory (VmHWM) of a process and its live children, summed, in MiB."""
+
+    def hwm(one: int) -> int:
+        for line in Path(f"/proc/{one}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        return 0
+
+    total = hwm(pid)
+    with contextlib.suppress(FileNotFoundError):
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            with contextlib.suppress(FileNotFoundError):
+                total += hwm(int(child))
+    return total / 1024
+
+
+def fsync_latency(folder: Path, count: int = 200) -> dict[str, float]:
+    """The disk's sync latency where the audit log lives: `count` times a 4 KiB write to one
+    file and its fsync, in milliseconds."""
+    times: list[float] = []
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".fsync-probe-") as probe:
+        block = os.urandom(4096)
+        for _ in range(count):
+            os.write(probe.fileno(), block)
+            start = time.perf_counter()
+            os.fsync(probe.fileno())
+            times.append((time.perf_counter() - start) * 1e3)
+    times.sort()
+    return {
+        "count": count,
+        "p50_ms": times[len(times) // 2],
+        "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))],
+        "mean_ms": sum(times) / len(times),
+    }
+
+
 def core_busy_seconds(core: int) -> float:
     """Non-idle time of one CPU core so far, whoever used it (from /proc/stat)."""
     with open("/proc/stat") as stat:
@@ -71,13 +109,13 @@ def core_busy_seconds(core: int) -> float:
     raise ValueError(f"no cpu{core} in /proc/stat")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -166,7 +204,7 @@ def _announcing(cmd: list[str], where: tuple[int | None, int], what: str) -> Ite
             raise RuntimeError(f"{what} did not start: {line!r}")
         yield Server(proc.pid, int(line.split()[1]))
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def upstream(core: int, nice: int = 0) -> contextlib.AbstractContextManager[Server]:
@@ -210,8 +248,10 @@ gateway:
 """
 
 
-def _wait_ready(port: int, proc: subprocess.Popen[bytes], deadline_s: float) -> None:
-    deadline = time.monotonic() + deadline_s
+def _wait_ready(port: int, proc: subprocess.Popen[bytes], deadline_s: float) -> float:
+    """Seconds from now until the gateway answers /healthz."""
+    start = time.monotonic()
+    deadline = start + deadline_s
     url = f"http://127.0.0.1:{port}/healthz"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -219,8 +259,8 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], deadline_s: float) -> 
         try:
             with urllib.request.urlopen(url, timeout=1) as answer:
                 if answer.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError):
+                    return time.monotonic() - start
+        except OSError:  # refused, reset, timed out: not up yet
             time.sleep(0.05)
     raise RuntimeError(f"the gateway was not ready within {deadline_s} s")
 
@@ -236,31 +276,33 @@ def gateway(
     workers: int = 1,
     gateway_lines: str = "",
     env_extra: Mapping[str, str] | None = None,
+    wrapper: Sequence[str] = (),
 ) -> Iterator[tuple[Server, str]]:
     """`kvfence gateway --workers N` in front of the upstream, with throwaway secrets; yields the
     server and a tenant API key. With `source`, the gateway's code is imported from there;
     `models` maps each model to its own upstream port (default: MODEL on `upstream_port`);
     `gateway_lines` are added to the policy's `gateway:` section (with `env_extra` for their
-    secrets)."""
+    secrets; relative paths are in a temporary folder);
+    `wrapper` is a `python -m` module that runs the gateway's command line itself."""
     pepper = secrets.token_urlsafe(24)
     key = mint_key()
     env = dict(os.environ)
     env["KVFENCE_BENCH_NS_KEY"] = secrets.token_urlsafe(48)
     env["KVFENCE_BENCH_PEPPER"] = pepper
     env.update(env_extra or {})
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="kvfence-bench-") as tmp:
         policy = Path(tmp) / "policy.yaml"
         upstreams = models if models is not None else {MODEL: upstream_port}
         digest = key_digest(pepper.encode(), key)
         policy.write_text(_policy_text(upstreams, digest, gateway_lines))
-        cmd = [sys.executable, "-m", "kvfence.cli", "gateway", "--policy", str(policy)]
+        cmd = [sys.executable, *wrapper, "-m", "kvfence.cli", "gateway", "--policy", str(policy)]
         cmd += ["--workers", str(workers)]
         # `python -m` puts the working folder first on sys.path: run from `source` to import it.
         cmd += ["--port", str(port), "--log-level", "warning"]
         proc = _popen(cmd, (core, nice), env, cwd=source)
         try:
-            _wait_ready(port, proc, deadline_s=30)
-            yield Server(proc.pid, port), key
+            ready_s = _wait_ready(port, proc, deadline_s=60)
+            yield Server(proc.pid, port, ready_s), key
         finally:
-            _stop(proc)
+            stop(proc)

@@ -1,7 +1,9 @@
 """The figure a user would get: an external load tool (hey at a fixed rate, wrk or hey at the
 highest rate) against a static nginx upstream directly, through nginx as a plain proxy, and
-through a real `kvfence gateway`, in one run, with the gateway's CPU time per request.
-Run: .venv/bin/python -m bench.gateway.side_by_side [--compare main] [--rounds 2]
+through real `kvfence gateway`s (bare, and as users run it: the audit log on, `fsync: always`;
+and `fsync: batch`), in one run, with each gateway's CPU time per request, peak memory, cold
+start, and (`--components`) where its CPU goes.
+Run: .venv/bin/python -m bench.gateway.side_by_side [--compare main] [--rounds 2] [--floor]
 """
 
 from __future__ import annotations
@@ -9,10 +11,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import secrets
 import shutil
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -23,7 +28,7 @@ if __package__ in (None, ""):  # `python bench/gateway/side_by_side.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import machine
-from bench.gateway import drivers, nginx, procs
+from bench.gateway import components, drivers, litellm, nginx, procs
 from bench.gateway.drivers import Load, Target
 from bench.gateway.traffic import scenarios
 
@@ -31,6 +36,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUTPUT = REPO_ROOT / "bench" / "results" / "gateway_side_by_side.json"
 REFERENCES = ("direct", "nginx")  # the hops the others are compared with
 MODEL_SSE = "smollm2-sse"  # its own backend: nginx cannot pick an answer by the body
+PATHS = {"responses": "/v1/responses"}  # the others are chat completions
+_AUDIT = "  audit_log: {path: audit.jsonl, key: {env: KVFENCE_BENCH_AUDIT_KEY}%s}\n"
+# Gateway configurations: the target's name, what it is, its policy's `gateway:` lines.
+CONFIGS = {
+    "bare": ("gateway", "no audit log", ""),
+    "default": ("gateway-default", "audit log, fsync: always (the default)", _AUDIT % ""),
+    "batch": ("gateway-batch", "audit log, fsync: batch", _AUDIT % ", fsync: batch"),
+}
+FLOOR = "aiohttp-floor"
 GOALS = {
     "cpu_us_per_request": 200,
     "rps_per_worker": 5000,
@@ -69,6 +83,9 @@ class Cost:
 
 
 def _body(scenario: str) -> bytes:
+    if scenario == "responses":
+        doc = {"model": procs.MODEL, "input": "Say hello in three words.", "max_output_tokens": 16}
+        return json.dumps(doc).encode()
     body = scenarios()[scenario].body
     return body.replace(b'"smollm2"', f'"{MODEL_SSE}"'.encode()) if "sse" in scenario else body
 
@@ -108,27 +125,35 @@ def _drivers(args: argparse.Namespace) -> dict[str, Drive]:
 Gateways = dict[str, tuple[procs.Server, str]]
 
 
-def _hops(ng: nginx.Nginx, gateways: Gateways, sse: bool, floor: procs.Server | None) -> list[Hop]:
-    path = "/v1/chat/completions"
+Floors = dict[bool, procs.Server]  # by streaming: each relays one nginx port
+
+
+def _hops(
+    ng: nginx.Nginx, gateways: Gateways, scenario: str, floors: Floors, peers: Gateways
+) -> list[Hop]:
+    path, sse = PATHS.get(scenario, "/v1/chat/completions"), "sse" in scenario
     up, proxy = (ng.sse_port, ng.proxy_sse_port) if sse else (ng.json_port, ng.proxy_json_port)
     key = next(iter(gateways.values()))[1]
     hops = [Hop("direct", f"http://127.0.0.1:{up}{path}", None, key)]
     hops.append(Hop("nginx", f"http://127.0.0.1:{proxy}{path}", None, key))
-    if floor is not None and not sse:  # it reads whole answers from the JSON port only
-        hops.append(Hop("aiohttp-floor", f"http://127.0.0.1:{floor.port}{path}", floor.pid, key))
-    for name, (server, own_key) in gateways.items():
+    if sse in floors:
+        floor = floors[sse]
+        hops.append(Hop(FLOOR, f"http://127.0.0.1:{floor.port}{path}", floor.pid, key))
+    for name, (server, own_key) in [*gateways.items(), *peers.items()]:
+        if name == "litellm" and scenario == "responses":
+            continue  # its /v1/responses calls the upstream's own, a different hop count
         hops.append(Hop(name, f"http://127.0.0.1:{server.port}{path}", server.pid, own_key))
     return hops
 
 
 def _run_all(
-    args: argparse.Namespace, ng: nginx.Nginx, gateways: Gateways, floor: procs.Server | None
+    args: argparse.Namespace, ng: nginx.Nginx, gateways: Gateways, floors: Floors, peers: Gateways
 ) -> list[Run]:
     core = 0 if args.pin else None
     runs: list[Run] = []
     for scenario in args.scenario:
         body = _body(scenario)
-        hops = _hops(ng, gateways, "sse" in scenario, floor)
+        hops = _hops(ng, gateways, scenario, floors, peers)
         for hop in hops:  # warm-up: connections, caches, the gateway's first requests
             warm = Target(body, {"Authorization": f"Bearer {hop.key}"}, core, args.nice)
             drivers.hey(hop.url, warm, args.conns, 1.0, args.rate)
@@ -152,7 +177,7 @@ def _line(run: Run) -> str:
     )
     load = run.load
     return (
-        f"{run.scenario:<10}{run.mode:<5}{run.target:<14}{run.round:>3}{load.completed:>8}"
+        f"{run.scenario:<10}{run.mode:<5}{run.target:<24}{run.round:>3}{load.completed:>8}"
         f"{load.errors:>6}{load.rps:>9.0f}{load.p50_ms:>8.3f}{load.p99_ms:>8.3f}{cpu}{sys_}{wait}"
     )
 
@@ -238,9 +263,130 @@ def goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _row(rows: list[dict[str, Any]], scenario: str, mode: str, target: str) -> dict[str, Any]:
+    return next(
+        (r for r in rows if (r["scenario"], r["mode"], r["target"]) == (scenario, mode, target)),
+        {},
+    )
+
+
+def leads(rows: list[dict[str, Any]], fsync: dict[str, float]) -> dict[str, Any]:
+    """The audit's cost and the CPU against the bare aiohttp relay, judged as the issue asks:
+    CPU per request within 1.5x of the floor (plain and streamed, at the rate and the highest
+    rate); the default configuration's added p50 at the rate within one sync of the bare
+    gateway's; its highest rate within 15% of `fsync: batch`'s."""
+    out: dict[str, Any] = {"cpu_vs_floor": {}, "fsync_p50_ms": fsync.get("p50_ms")}
+    for target in (CONFIGS["bare"][0], CONFIGS["default"][0]):
+        for scenario in ("small", "small-sse"):
+            for mode in ("rate", "max"):
+                mine = _row(rows, scenario, mode, target).get("cpu_us_per_request")
+                floor = _row(rows, scenario, mode, FLOOR).get("cpu_us_per_request")
+                ratio = mine / floor if mine and floor else None
+                out["cpu_vs_floor"][f"{target} {scenario} {mode}"] = {
+                    "cpu_us": mine,
+                    "floor_cpu_us": floor,
+                    "ratio": ratio,
+                    "met": None if ratio is None else ratio <= 1.5,
+                }
+    for scenario in ("small", "small-sse", "responses"):
+        bare = _row(rows, scenario, "rate", CONFIGS["bare"][0]).get("p50_ms")
+        default = _row(rows, scenario, "rate", CONFIGS["default"][0]).get("p50_ms")
+        added = default - bare if default is not None and bare is not None else None
+        sync = fsync.get("p50_ms")
+        out[f"audit_added_p50_ms {scenario}"] = {
+            "measured": added,
+            "goal": sync,
+            "met": None if added is None or sync is None else added <= sync,
+        }
+        top = _row(rows, scenario, "max", CONFIGS["default"][0]).get("rps")
+        batch = _row(rows, scenario, "max", CONFIGS["batch"][0]).get("rps")
+        share = top / batch if top and batch else None
+        out[f"always_vs_batch_max_rps {scenario}"] = {
+            "measured": share,
+            "goal": 0.85,
+            "met": None if share is None else share >= 0.85,
+        }
+    return out
+
+
+def _components(
+    args: argparse.Namespace, ng: nginx.Nginx, rows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The default configuration under cProfile at the rate, per scenario: each component's
+    share of the loop thread's self time, applied to the same scenario's unprofiled CPU per
+    request (cProfile's own cost inflates the absolute times, less their shares), and the audit
+    writer thread's CPU, writes and syncs per request, measured without the profiler's help."""
+    out: dict[str, Any] = {}
+    core = 0 if args.pin else None
+    models = {procs.MODEL: ng.json_port, MODEL_SSE: ng.sse_port}
+    for scenario in [s for s in args.scenario if s in ("small", "small-sse", "responses")]:
+        with tempfile.TemporaryDirectory(prefix="kvfence-prof-") as tmp:
+            prefix = Path(tmp) / "gateway"
+            wrapper = ("-m", "bench.gateway.components", str(prefix))
+            with procs.gateway(
+                0,
+                1 if args.pin else None,
+                args.nice,
+                models=models,
+                gateway_lines=CONFIGS["default"][2],
+                env_extra=_audit_env(),
+                wrapper=wrapper,
+            ) as (server, key):
+                url = _hops(ng, {"profiled": (server, key)}, scenario, {}, {})[-1].url
+                hop, body = Hop("profiled", url, server.pid, key), _body(scenario)
+                warm = Target(body, {"Authorization": f"Bearer {key}"}, core, args.nice)
+                drivers.hey(hop.url, warm, args.conns, 1.0, args.rate)
+                os.kill(server.pid, signal.SIGUSR1)
+                load, cost = _measure(hop, _drivers(args)["rate"], body, core, args.nice)
+                os.kill(server.pid, signal.SIGUSR2)
+                seen = _poll(prefix.with_suffix(".json"))
+                share = components.shares(prefix.with_suffix(".prof"))
+                if args.profiles is not None:
+                    args.profiles.mkdir(parents=True, exist_ok=True)
+                    kept = args.profiles / f"gateway-default-{scenario}.prof"
+                    shutil.copyfile(prefix.with_suffix(".prof"), kept)
+        plain = _row(rows, scenario, "rate", CONFIGS["default"][0]).get("cpu_us_per_request")
+        done = max(load.completed, 1)
+        out[scenario] = {
+            "requests": load.completed,
+            "profiled_cpu_us_per_request": cost.cpu_us if cost else None,
+            "unprofiled_cpu_us_per_request": plain,
+            "loop_shares": share,
+            "loop_us_per_request": {k: v * plain for k, v in share.items()} if plain else None,
+            "audit_writer_thread_cpu_us_per_request": seen["writer_cpu_s"] * 1e6 / done,
+            "audit_records_per_request": seen["writes"] / done,
+            "audit_syncs_per_request": seen["syncs"] / done,
+            "audit_records_per_sync": seen["writes"] / max(seen["syncs"], 1),
+            "audit_head_moves_per_request": seen["marks"] / done,
+        }
+        print(f"\ncomponents, {scenario} (default configuration, {load.completed} requests):")
+        for name, value in share.items():
+            us = f"{value * plain:6.0f} us" if plain else ""
+            print(f"  {name:<42}{value:6.1%} {us}")
+        mine = out[scenario]
+        writer = mine["audit_writer_thread_cpu_us_per_request"]
+        per_sync = mine["audit_records_per_sync"]
+        print(f"  audit writer thread: {writer:.0f} us/request, {per_sync:.1f} records per sync")
+    return out
+
+
+def _poll(path: Path, deadline_s: float = 30.0) -> dict[str, float]:
+    deadline = time.monotonic() + deadline_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the profiled gateway wrote no {path.name}")
+        time.sleep(0.05)
+    loaded: dict[str, float] = json.loads(path.read_text())
+    return loaded
+
+
+def _audit_env() -> dict[str, str]:
+    return {"KVFENCE_BENCH_AUDIT_KEY": secrets.token_urlsafe(32)}
+
+
 def _print_summary(rows: list[dict[str, Any]], judged: dict[str, Any]) -> None:
     print(
-        f"\n{'scenario':<10}{'mode':<5}{'target':<14}{'rps':>8}{'p50ms':>8}{'p99ms':>8}"
+        f"\n{'scenario':<10}{'mode':<5}{'target':<24}{'rps':>8}{'p50ms':>8}{'p99ms':>8}"
         f"{'+p50':>8}{'+p99':>8}{'cpu us':>8}{'rps/wk':>8}{'rps/cpu':>8}{'err':>5}"
     )
     for r in rows:
@@ -249,7 +395,7 @@ def _print_summary(rows: list[dict[str, Any]], judged: dict[str, Any]) -> None:
             return format(v, spec) if v is not None else f"{'-':>8}"
 
         print(
-            f"{r['scenario']:<10}{r['mode']:<5}{r['target']:<14}{r['rps']:>8.0f}"
+            f"{r['scenario']:<10}{r['mode']:<5}{r['target']:<24}{r['rps']:>8.0f}"
             f"{r['p50_ms']:>8.3f}{r['p99_ms']:>8.3f}{fmt(r.get('added_p50_ms'), '>8.3f')}"
             f"{fmt(r.get('added_p99_ms'), '>8.3f')}{fmt(r['cpu_us_per_request'], '>8.0f')}"
             f"{fmt(r['rps_per_worker'], '>8.0f')}{fmt(r['cpu_bound_rps'], '>8.0f')}{r['errors']:>5}"
@@ -279,7 +425,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-conns", type=int, default=50, help="connections at the max rate")
     parser.add_argument("--max-tool", choices=("wrk", "hey"), default="wrk")
     parser.add_argument("--workers", type=int, default=1, help="gateway worker processes")
-    parser.add_argument("--scenario", nargs="+", default=["small", "small-sse"])
+    parser.add_argument("--scenario", nargs="+", default=["small", "small-sse", "responses"])
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        choices=list(CONFIGS),
+        default=list(CONFIGS),
+        help="gateway configurations: bare (no audit log), default, batch (fsync: batch)",
+    )
+    parser.add_argument(
+        "--components",
+        action="store_true",
+        help="then profile the default configuration at --rate: CPU per component",
+    )
+    parser.add_argument("--profiles", type=Path, help="keep the --components profiles here")
+    parser.add_argument("--litellm", type=Path, help="also LiteLLM's proxy (its executable)")
     parser.add_argument("--mode", nargs="+", choices=("rate", "max"), default=["rate", "max"])
     parser.add_argument("--compare", metavar="REV", help="also run the gateway code of REV")
     parser.add_argument(
@@ -305,28 +465,68 @@ def main(argv: Sequence[str] | None = None) -> int:
             nginx.serve(str(shutil.which("nginx")), 0 if args.pin else None, args.nice)
         )
         models = {procs.MODEL: ng.json_port, MODEL_SSE: ng.sse_port}
-        gateways = {
-            "gateway": stack.enter_context(
-                procs.gateway(0, gw_core, args.nice, models=models, workers=args.workers)
+        gateways: Gateways = {}
+        for config in args.configs:
+            name, _, lines = CONFIGS[config]
+            gateways[name] = stack.enter_context(
+                procs.gateway(
+                    0,
+                    gw_core,
+                    args.nice,
+                    models=models,
+                    workers=args.workers,
+                    gateway_lines=lines,
+                    env_extra=_audit_env(),
+                )
             )
-        }
-        if args.compare:
+        if args.compare:  # each configuration again, with the gateway code of REV
             tree = stack.enter_context(procs.exported(REPO_ROOT, args.compare))
-            gateways[f"gateway@{args.compare}"] = stack.enter_context(
-                procs.gateway(0, gw_core, args.nice, tree, models=models, workers=args.workers)
-            )
+            for config in args.configs:
+                name, _, lines = CONFIGS[config]
+                gateways[f"{name}@{args.compare}"] = stack.enter_context(
+                    procs.gateway(
+                        0,
+                        gw_core,
+                        args.nice,
+                        tree,
+                        models=models,
+                        workers=args.workers,
+                        gateway_lines=lines,
+                        env_extra=_audit_env(),
+                    )
+                )
         print(
-            f"{'scenario':<10}{'mode':<5}{'target':<14}{'rnd':>3}{'ok':>8}{'err':>6}"
+            f"{'scenario':<10}{'mode':<5}{'target':<24}{'rnd':>3}{'ok':>8}{'err':>6}"
             f"{'rps':>9}{'p50ms':>8}{'p99ms':>8}{'cpu us':>9}{'sys us':>8}{'wait us':>8}"
         )
-        floor = None
+        floors: Floors = {}
         if args.floor:
-            url = f"http://127.0.0.1:{ng.json_port}"
-            floor = stack.enter_context(procs.floor(url, gw_core, args.nice))
-        runs = _run_all(args, ng, gateways, floor)
-    rows = summarize(runs, args.workers)
+            for sse, port in ((False, ng.json_port), (True, ng.sse_port)):
+                url = f"http://127.0.0.1:{port}"
+                floors[sse] = stack.enter_context(procs.floor(url, gw_core, args.nice))
+        peers: Gateways = {}
+        if args.litellm:
+            peers["litellm"] = stack.enter_context(
+                litellm.proxy(args.litellm, models, gw_core, args.nice)
+            )
+        fsync = procs.fsync_latency(Path(tempfile.gettempdir()))
+        print(f"fsync of a 4 KiB write in {tempfile.gettempdir()}: {fsync}", flush=True)
+        runs = _run_all(args, ng, gateways, floors, peers)
+        servers = {
+            name: {"cold_start_s": server.ready_s, "peak_rss_mib": procs.peak_rss_mib(server.pid)}
+            for name, (server, _) in [*gateways.items(), *peers.items()]
+        }
+        for sse, floor in floors.items():
+            servers[f"{FLOOR}{'-sse' if sse else ''}"] = {
+                "peak_rss_mib": procs.peak_rss_mib(floor.pid)
+            }
+        rows = summarize(runs, args.workers)
+        parts = _components(args, ng, rows) if args.components else None
     judged = goals(rows)
     _print_summary(rows, judged)
+    issue = leads(rows, fsync)
+    print("\nservers:", json.dumps(servers, indent=1))
+    print("issue 24:", json.dumps(issue, indent=1))
     result = {
         "machine": host,
         "tools": _versions(),
@@ -339,7 +539,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
             "pinning": {"gateway": gw_core, "nginx and load tool": 0 if args.pin else None},
             "gateway": f"kvfence gateway --workers {args.workers} --log-level warning, "
-            "access_log: false, vllm-kind backends, verify.canary: false",
+            "access_log: false, vllm-kind backends, verify.canary: false (nginx has no cache "
+            "to probe; the detective and the marker scan stay on)",
+            "configs": {CONFIGS[c][0]: CONFIGS[c][1] for c in args.configs},
+            "audit_folder": tempfile.gettempdir(),
             "rate_run": f"hey -c {args.conns} -q {per_conn:g} (total {args.rate} req/s)",
             "max_run": f"{args.max_tool} {args.max_conns} connections",
             "nice": args.nice,
@@ -348,8 +551,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rounds": args.rounds,
             "wall_s": round(time.time() - started, 1),
         },
+        "fsync_4k": fsync,
+        "servers": servers,
         "summary": rows,
         "goals": judged,
+        "issue24": issue,
+        "components": parts,
         "runs": [asdict(r) for r in runs],
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -77,7 +77,22 @@ def _stream_events(include_usage: bool) -> list[bytes]:
     return events
 
 
+def _response_body() -> bytes:
+    """A `/v1/responses` answer (the body alone) with the same text and usage."""
+    usage = {
+        "input_tokens": _USAGE["prompt_tokens"],
+        "output_tokens": _USAGE["completion_tokens"],
+        "total_tokens": _USAGE["total_tokens"],
+        "input_tokens_details": _USAGE["prompt_tokens_details"],
+    }
+    text = {"type": "output_text", "text": "Hello there!"}
+    message = {"type": "message", "role": "assistant", "content": [text]}
+    doc = {"id": "resp-fake", "object": "response", "status": "completed", "model": "smollm2"}
+    return orjson.dumps({**doc, "output": [message], "usage": usage})
+
+
 COMPLETION: Final = _completion()
+RESPONSE_BODY: Final = _response_body()
 STREAM: Final = _stream_events(include_usage=False)
 STREAM_USAGE: Final = _stream_events(include_usage=True)
 

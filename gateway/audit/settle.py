@@ -135,9 +135,11 @@ async def open_stream(
     request: web.Request, ctx: AuditContext, answer: Answer, judgement: Judgement
 ) -> None:
     """A stream's record, written before its first byte (`phase: open`, the verdict at its
-    head); settling the stream writes its final one. Raises AuditWriteFailed when it cannot be
-    written: the stream is then refused before any token."""
-    await _write(request, ctx, record(ctx, answer, judgement, answer.status, None, "open"))
+    head); settling the stream writes its final one, whose sync (`fsync: always`) covers this
+    one too: the first byte waits for the write, not for a sync. Raises AuditWriteFailed when
+    it cannot be written: the stream is then refused before any token."""
+    entry = record(ctx, answer, judgement, answer.status, None, "open")
+    await _write(request, ctx, entry, written=True)
 
 
 async def _write(
@@ -145,12 +147,14 @@ async def _write(
     ctx: AuditContext,
     entry: dict[str, Any],
     after: Callable[[Appended], None] | None = None,
+    *,
+    written: bool = False,
 ) -> Appended | None:
     """Append `entry` (and run `after`, the receipt's writer, on the log's thread); raises
     AuditWriteFailed when either is lost."""
     settings = request[RUNTIME].policy.gateway.audit_log
     try:
-        return await request.app[AUDIT_SINK].append(settings, entry, after)
+        return await request.app[AUDIT_SINK].append(settings, entry, after, written=written)
     except (AuditWriteError, ReceiptWriteError) as exc:
         _lost(request, ctx, exc)
 

@@ -129,9 +129,12 @@ class AuditSink:
         settings: AuditLogSettings | None,
         record: dict[str, Any],
         after: Callable[[Appended], None] | None = None,
+        *,
+        written: bool = False,
     ) -> Appended | None:
         """Write `record` to the log `settings` name: where it landed, or None when no log is
-        configured (`after` then never runs); `after` runs once it is written (AuditLog).
+        configured (`after` then never runs); `after` runs once it is written, and `written`
+        returns before the record's sync (AuditLog.append).
         Raises `AuditWriteError` when it cannot be written, or what `after` raised."""
         try:
             current = await self._current(settings)
@@ -142,7 +145,7 @@ class AuditSink:
             return None
         if current is None:
             raise AuditWriteError(f"audit log {settings.path} is not open")
-        return await current.append(record, after)
+        return await current.append(record, after, written=written)
 
     async def event(self, settings: AuditLogSettings | None, record: dict[str, Any]) -> None:
         """Write a record of something other than an answer (a quarantine transition). A failure

@@ -8,11 +8,11 @@ the backend gets the gateway's own request id, fresh for each attempt (the clien
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from aiohttp import web
 
+from gateway import entropy
 from gateway.inputs import jsonbody
 from gateway.inputs.paths import CHAT, COMPLETIONS, UNCACHED
 from gateway.metrics import METRICS
@@ -43,7 +43,7 @@ def _ask_for_usage(body: dict[str, Any]) -> bool:
 
 async def inject(request: web.Request) -> None:
     route, body = request[ROUTE], request[BODY]
-    headers = {"content-type": "application/json", "x-request-id": secrets.token_hex(16)}
+    headers = {"content-type": "application/json", "x-request-id": entropy.token_hex(16)}
     if route.backend.api_key is not None:
         headers["authorization"] = "Bearer " + route.backend.api_key.value.decode()
     ns = request[NAMESPACE]

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from gateway import entropy
 from gateway.fleet.unavailable import SharedUnavailable
 from gateway.policy.backend_model import DetectiveSettings
 from gateway.verify import fingerprints as fp
@@ -117,7 +117,7 @@ class Detective:
         keys = fp.bound_keys(self._secret, model, stream, positions)
         bound = fp.Fingerprints(tuple(keys), tuple(positions), len(stream), False, starts)
         who = self.recorder(tenant, namespace)
-        obs = Observation(settings, model, who, secrets.randbits(32) or 1, stream, bound, [])
+        obs = Observation(settings, model, who, entropy.nonce32(), stream, bound, [])
         if settings.tokenizer is not None:
             ids = await asyncio.to_thread(
                 self._tokenizer(settings.tokenizer).prompt_ids, path, body

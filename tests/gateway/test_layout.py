@@ -11,7 +11,7 @@ import gateway
 ROOT = Path(gateway.__file__).parent
 # Lowest first, as in docs/architecture.md ("Every folder names what it is").
 LAYERS: list[set[str]] = [
-    {"errors", "metrics"},
+    {"errors", "metrics", "entropy"},
     {"inputs"},
     {"audit.chain"},
     {"adapters"},

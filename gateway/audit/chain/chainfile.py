@@ -214,7 +214,18 @@ class ChainFile:
 
     def sync(self) -> None:
         """Make the file durable, then move the checkpoint and the anchor up to it."""
+        self.sync_data()
+        self.mark()
+
+    def sync_data(self) -> None:
+        """Make every line written so far durable; OSError when the file was deleted meanwhile
+        (its lines would be durable nowhere anyone can read)."""
         os.fsync(self.fd)
+        if os.fstat(self.fd).st_nlink == 0:
+            raise OSError(f"{self.path} was deleted")
+
+    def mark(self) -> None:
+        """Move the checkpoint (the head) and the anchor up to the last line (once synced)."""
         now = time.time()
         head = {"file_id": self.file_id, "lines": self.lines, "last_tag": self.tag, "time": now}
         head["mac"] = head_mac(self.key, head)

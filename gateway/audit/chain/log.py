@@ -9,7 +9,7 @@ any failure raises `AuditWriteError` and every later append fails too (fail clos
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import queue
 import threading
 import time
@@ -64,6 +64,38 @@ class Appended:
 
 
 @dataclass(frozen=True, slots=True)
+class _Waiter:
+    """Where a caller waits for its item: its event loop and a future there; `written`: the
+    caller goes on once its record is written, before the sync that follows (which still comes
+    before any later record of the batch is acknowledged)."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    written: bool = False
+
+
+def _settle(outcomes: list[tuple[asyncio.Future[Any], Any]]) -> None:
+    """On the callers' loop: complete each future (a cancelled caller's is already done)."""
+    for future, outcome in outcomes:
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+
+def _deliver(outcomes: list[tuple[_Waiter, Any]]) -> None:
+    """From the writer thread: a whole batch's outcomes in one wake-up per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
+    for waiter, outcome in outcomes:
+        by_loop.setdefault(waiter.loop, []).append((waiter.future, outcome))
+    for loop, pairs in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits there any more
+            loop.call_soon_threadsafe(_settle, pairs)
+
+
+@dataclass(frozen=True, slots=True)
 class _Hooked:
     """A record with what to run, on the writer thread, once it is written."""
 
@@ -72,9 +104,11 @@ class _Hooked:
 
 
 class AuditLog:
-    """Append-only audit log. fsync "always": each append is durable when it returns (records
-    that arrive together share one fsync). "batch": an append returns once written to the OS; a
-    crash of the machine loses at most `batch_max_records` records or `batch_max_ms` of them."""
+    """Append-only audit log. fsync "always": each append is durable when it returns, by group
+    commit: the writer takes every record queued, writes them, syncs once and only then completes
+    them, so one sync covers every record that arrived while the previous one ran. "batch": an
+    append returns once written to the OS; a crash of the machine loses at most
+    `batch_max_records` records or `batch_max_ms` of them."""
 
     def __init__(
         self,
@@ -121,16 +155,23 @@ class AuditLog:
         return self._failed
 
     async def append(
-        self, record: dict[str, Any], after: Callable[[Appended], None] | None = None
+        self,
+        record: dict[str, Any],
+        after: Callable[[Appended], None] | None = None,
+        *,
+        written: bool = False,
     ) -> Appended:
         """Write one record (JSON-serialisable, without the keys seq, kind, tag). `after` runs
         on the writer thread once the record is written, with where it landed (the answer's
-        receipt is written there: no second hand-off); what it raises, `append` raises."""
+        receipt is written there: no second hand-off); what it raises, `append` raises.
+        `written`: return once the record is written to the OS, without waiting for its sync
+        (a stream's `open` record: the stream's final record, synced, covers it)."""
         if RESERVED & record.keys():
             raise ValueError(f"audit records may not set {sorted(RESERVED & record.keys())}")
         orjson.dumps(record)  # a record that cannot be encoded is the caller's error, not the log's
         entry = {"kind": "record", **record}
-        appended: Appended = await self._put(entry if after is None else _Hooked(entry, after))
+        item = entry if after is None else _Hooked(entry, after)
+        appended: Appended = await self._put(item, written)
         return appended
 
     @property
@@ -146,16 +187,16 @@ class AuditLog:
         note: str | None = await self._put(_CHECKPOINT)
         return note
 
-    async def _put(self, item: Any) -> Any:
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    async def _put(self, item: Any, written: bool = False) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         with self._lock:
             if self._failed is not None:
                 raise AuditWriteError(self._failed)
-            self._queue.put((item, future))
+            self._queue.put((item, _Waiter(loop, future, written)))
         # A caller cancelled while its record is queued (its client left) must not cancel the
-        # write: the record is written all the same, and the writer thread never meets a future
-        # it cannot complete.
-        return await asyncio.shield(asyncio.wrap_future(future))
+        # write: the record is written all the same, and its outcome finds the future done.
+        return await asyncio.shield(future)
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close_sync)
@@ -170,16 +211,19 @@ class AuditLog:
 
     def _run(self) -> None:
         unsynced, deadline, asks = 0, 0.0, []
+        unmarked, marked_at = False, 0.0  # synced lines the head does not count yet
         while True:
             batch = self._next(unsynced, deadline)
             stop = _STOP in batch
             items = [item for item in batch if item is not _STOP]
-            asks += [future for entry, future in items if entry is _CHECKPOINT]
+            asks += [waiter for entry, waiter in items if entry is _CHECKPOINT]
             items = [item for item in items if item[0] is not _CHECKPOINT]
             try:
                 if items and not unsynced:
                     deadline = time.monotonic() + self._max_s
                 results = [self._write(entry) for entry, _ in items]
+                outcomes = [(waiter, r) for (_, waiter), r in zip(items, results, strict=True)]
+                _deliver([(waiter, r) for waiter, r in outcomes if waiter.written])
                 unsynced += len(items)
                 if unsynced and (
                     self._fsync == "always"
@@ -188,30 +232,34 @@ class AuditLog:
                     or stop
                     or asks
                 ):
-                    self._file.sync()
-                    unsynced = 0
+                    self._file.sync_data()
+                    unsynced, unmarked = 0, True
+            except OSError as exc:
+                self._fail(f"audit write failed: {exc}", [*items, *((None, w) for w in asks)])
+                return
+            # The batch is durable ("always") or written ("batch"): its callers go on now, and
+            # the head, the anchor, a checkpoint and a rotation follow off their latency.
+            _deliver([(waiter, r) for waiter, r in outcomes if not waiter.written])
+            try:
+                # The head and the anchor move once the writer catches up, and at least every
+                # batch_max_ms under steady load: their rename is a sync of its own on ext4.
+                now = time.monotonic()
+                if unmarked and (self._queue.empty() or stop or now - marked_at >= self._max_s):
+                    self._file.mark()
+                    unmarked, marked_at = False, now
                 if self._tlog is not None and not unsynced:
                     self._tlog.after_sync(stop)
                 if self._file.size >= self._rotate_bytes:
-                    self._file.rotate()
-                    unsynced = 0
+                    self._file.rotate()  # syncs and marks both files
+                    unsynced, unmarked = 0, False
             except OSError as exc:
-                self._fail(f"audit write failed: {exc}", [*items, *((None, f) for f in asks)])
+                self._fail(f"audit write failed: {exc}", [(None, w) for w in asks])
                 return
-            for (_, future), result in zip(items, results, strict=True):
-                if future.done():
-                    continue
-                if isinstance(result, Exception):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
             if asks and self._tlog is not None and self._tlog.current:
-                for future in asks:
-                    future.set_result(self._tlog.note)
+                _deliver([(waiter, self._tlog.note) for waiter in asks])
                 asks = []
             if stop:
-                for future in asks:
-                    future.set_exception(AuditWriteError("audit log closed"))
+                _deliver([(waiter, AuditWriteError("audit log closed")) for waiter in asks])
                 self._file.close()
                 if self._tlog is not None:
                     self._tlog.close()
@@ -246,7 +294,7 @@ class AuditLog:
                 return exc
         return appended
 
-    def _fail(self, reason: str, items: list[tuple[Any, concurrent.futures.Future[Any]]]) -> None:
+    def _fail(self, reason: str, items: list[tuple[Any, _Waiter]]) -> None:
         with self._lock:  # no append can enqueue after this drain
             self._failed = reason
             while not self._queue.empty():
@@ -256,6 +304,4 @@ class AuditLog:
         self._file.close()
         if self._tlog is not None:
             self._tlog.close()
-        for _, future in items:
-            if not future.done():
-                future.set_exception(AuditWriteError(reason))
+        _deliver([(waiter, AuditWriteError(reason)) for _, waiter in items])
