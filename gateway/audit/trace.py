@@ -38,12 +38,20 @@ OPERATION: Final = {
 }
 
 
+def _found(module: str) -> bool:
+    """Whether `module` can be imported (a dotted name whose parent package is absent is not)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def missing_support(policy: Policy) -> str | None:
     """One line naming the extra to install when the policy asks for traces and it is absent."""
     if policy.gateway.tracing is None:
         return None
-    if importlib.util.find_spec("opentelemetry.sdk") is not None and importlib.util.find_spec(
-        "opentelemetry.exporter.otlp.proto.http"
+    if all(
+        _found(name) for name in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
     ):
         return None
     return "the policy sets gateway.tracing, which needs: pip install 'kvfence[gateway,otel]'"
