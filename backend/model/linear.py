@@ -88,6 +88,10 @@ class Projection:
     def packed(self) -> bool:
         return self._packed is not None
 
+    def weight_bytes(self) -> int:
+        """Bytes of the weight a call reads."""
+        return self.weight.numel() * self.weight.element_size()
+
     def __call__(self, x: torch.Tensor, generated: int) -> torch.Tensor:
         """x's first `generated` rows are tokens the model generated, the rest prompt tokens."""
         parts = calls(x.shape[0], generated, self.plan)

@@ -102,6 +102,13 @@ class Llama:
         plans = [f"{name}: {proj.plan.describe()}" for name, proj in names.items()]
         return "; ".join([*plans, self._swiglu.describe()])
 
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads at batch 1: every projection as its kernel
+        holds it and the logits head (the embedding row, norms and the head's exact top rows
+        are a few kilobytes)."""
+        projections = [q for p in self._proj for q in (p.qkv, p.o, p.gate_up, p.down)]
+        return sum(q.weight_bytes() for q in (*projections, self._head))
+
     def forward(
         self,
         input_ids: torch.Tensor,
