@@ -136,9 +136,9 @@ class Llama:
             q = qk[:, : cfg.n_heads]
             k = qk[:, cfg.n_heads :]
             v = qkv[:, cfg.q_size + cfg.kv_size :].view(t, cfg.n_kv_heads, cfg.head_dim)
-            x = x + p.o(attention(i, q, k, v), generated)
+            x.add_(p.o(attention(i, q, k, v), generated))  # x is this step's own tensor
             h = F.rms_norm(x, (cfg.hidden,), w.ffn_norm, cfg.rms_eps).to(dt)
-            x = x + p.down(self._swiglu(p.gate_up(h, generated)), generated)
+            x.add_(p.down(self._swiglu(p.gate_up(h, generated)), generated))
         if logits_index is not None:
             x = x[logits_index]
         x = F.rms_norm(x, (cfg.hidden,), self.norm, cfg.rms_eps)
