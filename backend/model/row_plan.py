@@ -4,9 +4,10 @@ CPUs its instructions, by the row count: on AMX hosts 1-32 rows and 33+ rows sum
 
 Invariant: a plan admits only row counts at which the probe saw every row keep its bits: tokens
 the model generated are run in calls of 2..generated_rows rows (a single row as two, unless the
-probe saw one row alone get the bits it gets as two) and get the bits they get alone; prompt tokens are run in calls of exactly one of `prompt_sizes` rows (zero
-padded) and get the same bits at every one of those sizes and positions. A kernel is chosen by
-shape, dtype, layout and thread count, never by values, so one probe serves every weight of a shape.
+probe saw each row alone get the bits it gets as two) and get the bits they get alone; prompt
+tokens are run in calls of exactly one of `prompt_sizes` rows (zero padded) and get the same bits
+at every one of those sizes and positions. A kernel is chosen by shape, dtype, layout and thread
+count, never by values, so one probe serves every weight of a shape.
 """
 
 from __future__ import annotations
