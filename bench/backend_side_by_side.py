@@ -1,17 +1,21 @@
 """Our backend beside vLLM in one run: the roofline (bench.roofline, in a process of its own under
-the servers' environment), then the streaming scenarios of bench.backend_throughput against our
-backend and against vLLM, one server at a time, and the goals judged on the same run's figures.
+the servers' environment), then the streaming scenarios of bench.backend_throughput with every
+server up at once and their rounds interleaved (the order rotating each round), so load from
+other work on the host falls on all of them alike; the goals are judged on the same run.
 
 Invariant: figures are compared only within one run; each run is recorded under its label with
-the host, both servers' settings and the goals, and replaces only that label's entry.
+the host, every server's settings and the goals, and replaces only that label's entry.
+`--compare DIR` adds our backend from another checkout (say, an export of main) as a third
+server, with its own roofline.
 
-    .venv/bin/python -m bench.backend_side_by_side --label after [--emulate-avx2] [--rounds 3]
+    .venv/bin/python -m bench.backend_side_by_side --label after [--compare DIR] [--emulate-avx2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -22,11 +26,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from bench import backend_throughput as bt
 from bench.machine import describe
 from bench.targets import (
     AVX2_CAPS,
     REPO_ROOT,
+    Target,
     _dtype_arg,
     backend_target,
     server_env,
@@ -41,12 +48,15 @@ GOALS = {
 }
 
 
-def roofline(args: argparse.Namespace) -> dict[str, Any]:
-    """bench.roofline in a fresh interpreter with the servers' caps (torch reads them at import)."""
+def roofline(args: argparse.Namespace, root: Path = REPO_ROOT) -> dict[str, Any]:
+    """bench.roofline of the checkout at `root`, in a fresh interpreter with the servers' caps
+    (torch reads them at import)."""
     command = [sys.executable, "-m", "bench.roofline", "--threads", str(args.backend_threads)]
     command += ["--dtype", _dtype_arg(args.backend_arg)]
+    command += ["--steps", str(args.roofline_steps), "--runs", str(args.roofline_runs)]
     with server_env(args) as env:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        paths = (str(root), str(REPO_ROOT), env.get("PYTHONPATH"))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         out = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"bench.roofline failed: {out.stderr.strip()[-2000:]}")
@@ -77,14 +87,43 @@ def judge(rows: Sequence[Mapping[str, Any]], ours: str, peer: str, roof: Mapping
         "cells": ratios,
         "tokens_per_s_8_streams_met": bool(eight) and min(eight) >= 1.5,
         "first_token_met": bool(ratios) and max(c["first_token_ratio"] for c in ratios) <= 0.5,
-        "roofline_met": roof["decode_share_of_roofline"] >= 0.85,
+        "roofline_met": roof["decode_share_of_roofline_best"] >= 0.85,
     }
 
 
-def measure_target(starter: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]], Any]:
-    with starter(args) as target:
-        results = asyncio.run(bt.measure(target, args))
-        return [bt._rounded(asdict(r)) for r in results], dict(target.server)
+async def interleaved(targets: list[Target], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every scenario's rounds, each round run on every target in turn (the first one rotating),
+    so a burst of other work on the host lands on each target about equally."""
+    timeout = aiohttp.ClientTimeout(total=args.request_timeout_s)
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [
+            await stack.enter_async_context(
+                aiohttp.ClientSession(
+                    timeout=timeout, connector=aiohttp.TCPConnector(limit=max(args.streams) + 1)
+                )
+            )
+            for _ in targets
+        ]
+        for http, target in zip(sessions, targets, strict=True):  # one-off costs of a fresh server
+            await bt.stream_once(http, target, bt.make_prompt(args.prompt_words), args.max_tokens)
+        rows = []
+        for streams in args.streams:
+            for hit in [p == "hit" for p in args.prefix]:
+                got: list[list[bt.StreamSample]] = [[] for _ in targets]
+                wall = [0.0 for _ in targets]
+                for r in range(args.rounds):
+                    for k in range(len(targets)):
+                        i = (k + r) % len(targets)
+                        samples, seconds = await bt.run_round(
+                            sessions[i], targets[i], streams, hit, args
+                        )
+                        got[i] += samples
+                        wall[i] += seconds
+                for i, target in enumerate(targets):
+                    result = bt.summarize(target.name, streams, hit, args.rounds, got[i], wall[i])
+                    bt.print_row(result)
+                    rows.append(bt._rounded(asdict(result)))
+        return rows
 
 
 def write(path: Path, label: str, entry: Mapping[str, Any]) -> None:
@@ -109,6 +148,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--backend-threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--backend-arg", action="append", default=[], help="extra backend option")
     p.add_argument("--no-vllm", action="store_true", help="our backend and the roofline only")
+    p.add_argument("--roofline-steps", type=int, default=64, help="decode steps per timed run")
+    p.add_argument("--roofline-runs", type=int, default=5, help="timed batch-1 decode runs")
+    p.add_argument("--compare", type=Path, help="also our backend from this checkout")
+    p.add_argument("--compare-name", default="before", help="its name: kvfence-backend@NAME")
     args = p.parse_args(argv)
     # What the throughput harness's starters read.
     args.name, args.model, args.backend_model = None, "smollm2", "smollm2"
@@ -119,16 +162,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     machine = describe()
-    roof = roofline(args)
-    print(json.dumps({"roofline": roof}), flush=True)
-    rows, servers = [], {}
-    targets = [("kvfence-backend", backend_target)]
-    if not args.no_vllm:
-        targets.append((f"vllm-cpu-{args.vllm_dtype}", vllm_target))
-    for name, starter in targets:
-        got, servers[name] = measure_target(starter, args)
-        rows += got
-    verdict = judge(rows, "kvfence-backend", f"vllm-cpu-{args.vllm_dtype}", roof)
+    roofs = {"kvfence-backend": roofline(args)}
+    if args.compare:
+        roofs[f"kvfence-backend@{args.compare_name}"] = roofline(args, args.compare.resolve())
+    print(json.dumps({"roofline": roofs}), flush=True)
+    peer = f"vllm-cpu-{args.vllm_dtype}"
+    with contextlib.ExitStack() as stack:
+        targets = [stack.enter_context(backend_target(args))]
+        if args.compare:
+            root, name = args.compare.resolve(), f"kvfence-backend@{args.compare_name}"
+            targets.append(stack.enter_context(backend_target(args, root, name)))
+        if not args.no_vllm:
+            targets.append(stack.enter_context(vllm_target(args)))
+        servers = {t.name: dict(t.server) for t in targets}
+        rows = asyncio.run(interleaved(targets, args))
+    verdict = {name: judge(rows, name, peer, roof) for name, roof in roofs.items()}
     print(json.dumps(verdict, indent=1))
     entry = {
         "recorded_at": started,
@@ -138,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         "servers": servers,
         "scenario": {k: getattr(args, k) for k in ("max_tokens", "prompt_words", "rounds")},
-        "roofline": roof,
+        "roofline": roofs,
         "results": rows,
         "goals": GOALS,
         "verdict": verdict,
