@@ -57,7 +57,7 @@ def roofline(args: argparse.Namespace, root: Path = REPO_ROOT) -> dict[str, Any]
     with server_env(args) as env:
         paths = (str(root), str(REPO_ROOT), env.get("PYTHONPATH"))
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-        out = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+        out = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"bench.roofline failed: {out.stderr.strip()[-2000:]}")
     parsed: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
