@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -151,6 +152,7 @@ def build(args: argparse.Namespace) -> web.Application:
             "dtype_reason": loaded.dtype_reason,
             "kernels": runner.kernel_plans(),
             "threads": threads,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "max_step_tokens": args.max_step_tokens,
             "prefill_policy": args.prefill_policy,
             "kv_blocks": args.kv_blocks,

@@ -160,11 +160,18 @@ async def run_scenario(
         round_samples, round_wall = await run_round(http, target, streams, hit, args)
         samples += round_samples
         wall += round_wall
+    return summarize(target.name, streams, hit, args.rounds, samples, wall)
+
+
+def summarize(
+    name: str, streams: int, hit: bool, rounds: int, samples: list[StreamSample], wall: float
+) -> ScenarioResult:
+    """One scenario's figures from its rounds' samples and their summed wall time."""
     return ScenarioResult(
-        target=target.name,
+        target=name,
         streams=streams,
         prefix="hit" if hit else "miss",
-        rounds=args.rounds,
+        rounds=rounds,
         tokens_per_s=sum(s.tokens for s in samples) / wall,
         ttft_p50_s=statistics.median(s.ttft_s for s in samples),
         ttft_p90_s=statistics.quantiles([s.ttft_s for s in samples], n=10)[-1]

@@ -75,10 +75,10 @@ def _import_repo_root() -> None:
         sys.path.insert(0, str(REPO_ROOT))
 
 
-def _probe(python: str, code: str, env: Mapping[str, str]) -> dict[str, Any]:
+def _probe(python: str, code: str, env: Mapping[str, str], cwd: Path = REPO_ROOT) -> dict[str, Any]:
     """Run `code` (which prints one JSON object) in the server's interpreter and environment."""
     out = subprocess.run(
-        [python, "-c", code], env=dict(env), cwd=REPO_ROOT, capture_output=True, text=True
+        [python, "-c", code], env=dict(env), cwd=cwd, capture_output=True, text=True
     )
     if out.returncode != 0:
         return {"probe_error": out.stderr.strip().splitlines()[-1:]}
@@ -121,9 +121,12 @@ def vllm_target(args: argparse.Namespace) -> Iterator[Target]:
 
 
 @contextlib.contextmanager
-def backend_target(args: argparse.Namespace) -> Iterator[Target]:
-    """Start `kvfence backend` from this checkout with throwaway keys; every request carries a
-    fresh signed handle, all in one namespace so a repeated prompt can hit."""
+def backend_target(
+    args: argparse.Namespace, root: Path = REPO_ROOT, name: str | None = None
+) -> Iterator[Target]:
+    """Start `kvfence backend` from this checkout (or the one at `root`) with throwaway keys;
+    every request carries a fresh signed handle, all in one namespace so a repeated prompt can
+    hit."""
     _import_repo_root()
     from kvfence.handle import HANDLE_HEADER, HandleSigner
     from kvfence.keyfile import generate_key, trust_entry, write_private_key, write_trust_file
@@ -139,7 +142,7 @@ def backend_target(args: argparse.Namespace) -> Iterator[Target]:
         port = free_port()
         # `python -m` with the checkout first on the path: the `kvfence` script beside the
         # interpreter may belong to another checkout's editable install.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
         command = [
             sys.executable, "-m", "kvfence.cli", "backend",
             "--model", args.backend_model, "--served-name", args.model,
@@ -153,7 +156,7 @@ def backend_target(args: argparse.Namespace) -> Iterator[Target]:
             "info |= {'dtype': c.name, 'dtype_reason': c.reason}\nprint(json.dumps(info))"
         )
         options = {"threads": args.backend_threads, "options": args.backend_arg}
-        server = {**options, **_probe(sys.executable, code, env)}
+        server = {**options, "checkout": str(root), **_probe(sys.executable, code, env, root)}
         url = f"http://127.0.0.1:{port}"
 
         def handle(body: bytes) -> Mapping[str, str]:
@@ -161,8 +164,8 @@ def backend_target(args: argparse.Namespace) -> Iterator[Target]:
             return {HANDLE_HEADER: token}
 
         with running_server(command, f"{url}/healthz", env, 300.0):
-            name = args.name or "kvfence-backend"
-            yield Target(name, url, args.model, headers=handle, server=server)
+            label = name or args.name or "kvfence-backend"
+            yield Target(label, url, args.model, headers=handle, server=server)
 
 
 def _dtype_arg(extra: list[str]) -> str:

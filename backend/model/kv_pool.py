@@ -47,6 +47,9 @@ class KVPool:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.k_cache = list(self.k.unbind(0))
         self.v_cache = list(self.v.unbind(0))
+        # Per layer [num_blocks * block_size, n_kv_heads, head_dim]: the slots new K/V go to.
+        self.k_slots = [t.view(-1, config.n_kv_heads, config.head_dim) for t in self.k_cache]
+        self.v_slots = [t.view(-1, config.n_kv_heads, config.head_dim) for t in self.v_cache]
         self.config = config
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -75,28 +78,34 @@ class PagedAttention:
         cfg = pool.config
         self.n_kv = cfg.n_kv_heads
         self.d = cfg.head_dim
+        self._ids = [g.blocks.view(-1) for g in groups]  # once per step, not per layer
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         # q: [T, Hq, D]; k, v: [T, Hkv, D]
-        k_cache, v_cache = self.pool.k_cache[layer], self.pool.v_cache[layer]
-        k_cache.view(-1, self.n_kv, self.d).index_copy_(0, self.slots, k)
-        v_cache.view(-1, self.n_kv, self.d).index_copy_(0, self.slots, v)
+        pool = self.pool
+        pool.k_slots[layer].index_copy_(0, self.slots, k)
+        pool.v_slots[layer].index_copy_(0, self.slots, v)
+        k_cache, v_cache = pool.k_cache[layer], pool.v_cache[layer]
         if len(self.groups) == 1:
-            return self._group(self.groups[0], q, k_cache, v_cache)
+            return self._group(self.groups[0], self._ids[0], q, k_cache, v_cache)
         out = q.new_empty(q.shape[0], q.shape[1] * self.d)
-        for g in self.groups:
-            out[g.rows] = self._group(g, q[g.rows], k_cache, v_cache)
+        for g, ids in zip(self.groups, self._ids, strict=True):
+            out[g.rows] = self._group(g, ids, q[g.rows], k_cache, v_cache)
         return out
 
     def _group(
-        self, g: AttnGroup, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self,
+        g: AttnGroup,
+        ids: torch.Tensor,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
     ) -> torch.Tensor:
         # Whole blocks are gathered (fewer, larger copies than per-slot); the mask hides the tail.
         # index_select is a plain copy like advanced indexing, and several times cheaper per call.
         ctx, hkv, d = g.blocks.shape[0], self.n_kv, self.d
-        ids = g.blocks.view(-1)
         kg = k_cache.index_select(0, ids).view(ctx, -1, hkv, d).transpose(1, 2)  # [B|1, Hkv, L, D]
         vg = v_cache.index_select(0, ids).view(ctx, -1, hkv, d).transpose(1, 2)
         return attend(q.view(q.shape[0], hkv, -1, d), kg, vg, g.batch, g.span, g.mask)

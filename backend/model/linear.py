@@ -59,7 +59,7 @@ def _probe(weight: torch.Tensor, prompt: bool) -> _Choice:
     # The plan is probed on a weight of the same shape and rows that cancel against it: every
     # output is a rounding residue, so another summation order shows in nearly every output.
     w, x = _cancelling(weight)
-    choice = _Choice(False, RowPlan(0, ()))
+    choice = _Choice(False, RowPlan(0, (), False))
     if packed is not None and (packed_w := _pack(w)) is not None:
         choice = _Choice(True, probe(_packed_kernel(packed_w), x, prompt))
     if not sufficient(choice.plan, prompt):
@@ -87,6 +87,10 @@ class Projection:
     @property
     def packed(self) -> bool:
         return self._packed is not None
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weight a call reads."""
+        return self.weight.numel() * self.weight.element_size()
 
     def __call__(self, x: torch.Tensor, generated: int) -> torch.Tensor:
         """x's first `generated` rows are tokens the model generated, the rest prompt tokens."""

@@ -102,6 +102,13 @@ class Llama:
         plans = [f"{name}: {proj.plan.describe()}" for name, proj in names.items()]
         return "; ".join([*plans, self._swiglu.describe()])
 
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads at batch 1: every projection as its kernel
+        holds it and the logits head (the embedding row, norms and the head's exact top rows
+        are a few kilobytes)."""
+        projections = [q for p in self._proj for q in (p.qkv, p.o, p.gate_up, p.down)]
+        return sum(q.weight_bytes() for q in (*projections, self._head))
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -129,9 +136,9 @@ class Llama:
             q = qk[:, : cfg.n_heads]
             k = qk[:, cfg.n_heads :]
             v = qkv[:, cfg.q_size + cfg.kv_size :].view(t, cfg.n_kv_heads, cfg.head_dim)
-            x = x + p.o(attention(i, q, k, v), generated)
+            x.add_(p.o(attention(i, q, k, v), generated))  # x is this step's own tensor
             h = F.rms_norm(x, (cfg.hidden,), w.ffn_norm, cfg.rms_eps).to(dt)
-            x = x + p.down(self._swiglu(p.gate_up(h, generated)), generated)
+            x.add_(p.down(self._swiglu(p.gate_up(h, generated)), generated))
         if logits_index is not None:
             x = x[logits_index]
         x = F.rms_norm(x, (cfg.hidden,), self.norm, cfg.rms_eps)

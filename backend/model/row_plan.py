@@ -3,14 +3,16 @@ rows beside it, found by probing the host's own kernel (oneDNN picks its blockin
 CPUs its instructions, by the row count: on AMX hosts 1-32 rows and 33+ rows sum differently).
 
 Invariant: a plan admits only row counts at which the probe saw every row keep its bits: tokens
-the model generated are run in calls of 2..generated_rows rows (a single row as two) and get the
-bits they get alone; prompt tokens are run in calls of exactly one of `prompt_sizes` rows (zero
-padded) and get the same bits at every one of those sizes and positions. A kernel is chosen by
-shape, dtype, layout and thread count, never by values, so one probe serves every weight of a shape.
+the model generated are run in calls of 2..generated_rows rows (a single row as two, unless the
+probe saw each row alone get the bits it gets as two) and get the bits they get alone; prompt
+tokens are run in calls of exactly one of `prompt_sizes` rows (zero padded) and get the same bits
+at every one of those sizes and positions. A kernel is chosen by shape, dtype, layout and thread
+count, never by values, so one probe serves every weight of a shape.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -31,6 +33,7 @@ _SHIFTS = (1, 5, 16, 31)  # prompt rows moved to other positions and other call-
 class RowPlan:
     generated_rows: int  # generated rows go in calls of 2..generated_rows rows (1: each alone)
     prompt_sizes: tuple[int, ...]  # ascending; empty: prompt rows are run as generated rows
+    single_row: bool = False  # a lone generated row runs as one row, not padded to two
 
     def describe(self) -> str:
         prompt = (
@@ -38,7 +41,8 @@ class RowPlan:
             if self.prompt_sizes
             else "as generated rows"
         )
-        return f"generated rows <= {self.generated_rows}, prompt rows {prompt}"
+        lone = "" if self.single_row else " (a lone row as two)"
+        return f"generated rows <= {self.generated_rows}{lone}, prompt rows {prompt}"
 
 
 def probe(kernel: Kernel, x: torch.Tensor, prompt: bool) -> RowPlan:
@@ -50,7 +54,9 @@ def probe(kernel: Kernel, x: torch.Tensor, prompt: bool) -> RowPlan:
         if not torch.equal(kernel(x[:m]), solo[:m]):
             break
         generated = m
-    return RowPlan(generated, _prompt_sizes(kernel, x) if prompt else ())
+    # A decode at batch 1 pays a copy and a second row on every projection when padded.
+    single = all(torch.equal(kernel(x[i : i + 1]), solo[i : i + 1]) for i in range(GENERATED_MAX))
+    return RowPlan(generated, _prompt_sizes(kernel, x) if prompt else (), single)
 
 
 def _prompt_sizes(kernel: Kernel, x: torch.Tensor) -> tuple[int, ...]:
@@ -96,17 +102,19 @@ def run_padded(kernel: Kernel, x: torch.Tensor, rows: int) -> torch.Tensor:
     return kernel(torch.cat((x, x[-1:].expand(rows - n, -1))))[:n]
 
 
-def calls(rows: int, generated: int, plan: RowPlan) -> list[tuple[int, int, int]]:
+@functools.lru_cache(maxsize=4096)
+def calls(rows: int, generated: int, plan: RowPlan) -> tuple[tuple[int, int, int], ...]:
     """[start, end) and the padded row count of each kernel call for `rows` rows whose first
-    `generated` are generated tokens."""
+    `generated` are generated tokens. Memoized: every projection of a step asks the same."""
     if not plan.prompt_sizes:
         generated = rows
-    out = [(a, b, max(b - a, 2)) for a, b in generated_calls(generated, plan.generated_rows)]
+    least = 1 if plan.single_row else 2
+    out = [(a, b, max(b - a, least)) for a, b in generated_calls(generated, plan.generated_rows)]
     out += [
         (generated + a, generated + b, size)
         for a, b, size in prompt_calls(rows - generated, plan.prompt_sizes)
     ]
-    return out
+    return tuple(out)
 
 
 def generated_calls(rows: int, cap: int) -> Iterator[tuple[int, int]]:

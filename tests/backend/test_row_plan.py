@@ -43,13 +43,20 @@ def by_position(x: torch.Tensor) -> torch.Tensor:
 
 def test_a_steady_kernel_takes_every_call_size() -> None:
     plan = probe(steady, X, prompt=True)
-    assert plan == RowPlan(GENERATED_MAX, PROMPT_CANDIDATES)
+    assert plan == RowPlan(GENERATED_MAX, PROMPT_CANDIDATES, single_row=True)
     assert sufficient(plan, prompt=True)
 
 
 def test_a_kernel_that_switches_past_32_rows_keeps_the_two_kinds_apart() -> None:
     plan = probe(switching_at(33), X, prompt=True)
-    assert plan == RowPlan(32, PROMPT_CANDIDATES)  # prompt calls all sum the second way
+    assert plan == RowPlan(32, PROMPT_CANDIDATES, single_row=True)  # prompts sum the second way
+
+
+def test_a_kernel_that_sums_one_row_its_own_way_runs_a_lone_row_as_two() -> None:
+    """A GEMV path for one row (oneDNN on some hosts): a lone decode is padded to two rows."""
+    plan = probe(lambda x: steady(x) + (1e-12 if x.shape[0] == 1 else 0.0), X, prompt=True)
+    assert plan == RowPlan(GENERATED_MAX, PROMPT_CANDIDATES, single_row=False)
+    assert calls(1, 1, plan) == ((0, 1, 2),)
 
 
 @pytest.mark.parametrize(("rows", "generated", "largest"), [(9, 8, 512), (150, 32, 144)])
@@ -61,13 +68,13 @@ def test_switches_bound_the_calls(rows: int, generated: int, largest: int) -> No
 
 def test_a_kernel_that_depends_on_position_gets_rows_alone() -> None:
     plan = probe(by_position, X, prompt=True)
-    assert plan == RowPlan(1, ())
+    assert plan == RowPlan(1, (), single_row=True)  # its first row is the same alone
     assert not sufficient(plan, prompt=True)
 
 
 def test_without_prompt_rows_only_generated_calls_are_planned() -> None:
     plan = probe(steady, X, prompt=False)
-    assert plan == RowPlan(GENERATED_MAX, ())
+    assert plan == RowPlan(GENERATED_MAX, (), single_row=True)
     assert sufficient(plan, prompt=False)
 
 
@@ -98,9 +105,10 @@ def test_prompt_calls_are_padded_to_a_probed_size(rows: int) -> None:
 
 def test_calls_keep_generated_and_prompt_rows_apart() -> None:
     plan = RowPlan(32, (48, 64))
-    assert calls(40, 40, plan) == [(0, 20, 20), (20, 40, 20)]
-    assert calls(45, 5, plan) == [(0, 5, 5), (5, 45, 48)]
-    assert calls(1, 1, plan) == [(0, 1, 2)]  # one row runs as two
-    assert calls(70, 0, plan) == [(0, 35, 48), (35, 70, 48)]
+    assert calls(40, 40, plan) == ((0, 20, 20), (20, 40, 20))
+    assert calls(45, 5, plan) == ((0, 5, 5), (5, 45, 48))
+    assert calls(1, 1, plan) == ((0, 1, 2),)  # one row runs as two
+    assert calls(1, 1, RowPlan(32, (48, 64), single_row=True)) == ((0, 1, 1),)
+    assert calls(70, 0, plan) == ((0, 35, 48), (35, 70, 48))
     # Without prompt sizes every row runs as a generated one.
-    assert calls(45, 5, RowPlan(32, ())) == [(0, 22, 22), (22, 45, 23)]
+    assert calls(45, 5, RowPlan(32, ())) == ((0, 22, 22), (22, 45, 23))
