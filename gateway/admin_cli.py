@@ -104,7 +104,8 @@ def main(args: argparse.Namespace) -> int:
             print(json.dumps(json.loads(resp.read()), indent=2))
             return 0
     except urllib.error.HTTPError as exc:
-        print("\n".join(_refusal(exc.code, exc.read())), file=sys.stderr)
+        with exc:  # an error answer holds its connection until closed
+            print("\n".join(_refusal(exc.code, exc.read())), file=sys.stderr)
         return 1
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)

@@ -100,7 +100,8 @@ def _call(
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as resp:  # noqa: S310
             status, got, raw = resp.status, dict(resp.headers.items()), resp.read()
     except urllib.error.HTTPError as exc:
-        status, got, raw = exc.code, dict(exc.headers.items()), exc.read()
+        with exc:  # an error answer holds its connection until closed
+            status, got, raw = exc.code, dict(exc.headers.items()), exc.read()
     lowered = {k.lower(): v for k, v in got.items()}
     try:
         parsed = json.loads(raw) if raw.strip().startswith(b"{") else {"text": raw.decode()}

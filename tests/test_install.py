@@ -58,7 +58,8 @@ def _post(url: str, body: dict[str, object], key: str) -> tuple[int, dict[str, o
         with urllib.request.urlopen(request, timeout=30) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        with exc:  # an error answer holds its connection until closed
+            return exc.code, json.loads(exc.read())
 
 
 def _one_line(done: subprocess.CompletedProcess[str]) -> str:

@@ -111,6 +111,7 @@ def test_scripts_up_from_a_fresh_clone(tmp_path: Path) -> None:
         admin = f"http://127.0.0.1:{ports['--admin-port']}/status"
         with pytest.raises(urllib.error.HTTPError) as refused:  # not for any local process
             urllib.request.urlopen(admin, timeout=10)
+        refused.value.close()  # the refusal holds its connection until closed
         assert refused.value.code == 401
         token = (state / "secrets" / "admin-token").read_text().strip()
         request = urllib.request.Request(admin, headers={"Authorization": f"Bearer {token}"})

@@ -57,7 +57,8 @@ class Target:
             with urllib.request.urlopen(request, timeout=30) as resp:  # noqa: S310
                 return json.loads(resp.read())
         except urllib.error.HTTPError as exc:
-            said = f"{exc.code}: {_message(exc.read())}"
+            with exc:  # an error answer holds its connection until closed
+                said = f"{exc.code}: {_message(exc.read())}"
             registry = self.policy.registry if self.policy is not None else None
             if exc.code == 403 and registry is not None and registry.store is RegistryStore.FILE:
                 said += " (or change the registry file itself: add --offline)"

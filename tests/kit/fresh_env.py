@@ -94,6 +94,7 @@ def wait_http(url: str, proc: subprocess.Popen[str], deadline_s: float, want: in
                     return
                 last = str(resp.status)
         except urllib.error.HTTPError as exc:
+            exc.close()  # an error answer holds its connection until closed
             if exc.code == want:
                 return
             last = str(exc.code)
