@@ -26,11 +26,13 @@ def traced_policy() -> Any:
 
 
 def absent(missing: str) -> Any:
+    """`importlib.util.find_spec` as it behaves without `missing` installed: the package itself
+    is not found, and looking up a module inside an absent top-level package raises."""
     real = importlib.util.find_spec
 
     def find_spec(name: str, package: str | None = None) -> Any:
         if name == missing or name.startswith(missing + "."):
-            if "." in name and name.split(".")[0] == missing:
+            if name != missing and "." not in missing:
                 raise ModuleNotFoundError(f"No module named {missing!r}")
             return None
         return real(name, package)
