@@ -38,6 +38,11 @@ def clean(tally: Tally, log: Path) -> None:
     assert timeouts <= tally.requests // 20, why
 
 
+def combined(one: Tally, two: Tally) -> Tally:
+    return Tally(one.verdicts + two.verdicts, one.statuses + two.statuses, one.cached + two.cached,
+                 one.requests + two.requests, one.errors + two.errors)  # fmt: skip
+
+
 async def test_honest_traffic_never_gets_a_violation(vllm_url: str, tmp_path: Path) -> None:
     rng_system = Workload([], SERVED_MODEL, 0).rng
     tenants = [
@@ -63,6 +68,10 @@ async def test_honest_traffic_never_gets_a_violation(vllm_url: str, tmp_path: Pa
     lost.write_text(policy(vllm_url, tmp_path / "fresh", port, admin, max_age=3600))
     with gateway_process(lost, url, env=ENV):
         third = await run(work, url, 80)
+        for _ in range(2):  # vLLM's evictions decide how soon such a hit comes: more turns
+            if third.verdicts["unexplained"] + third.verdicts["violation"] > 0:
+                break
+            third = combined(third, await run(work, url, 80))
         health = await status(admin)
     # Its own records lost while vLLM kept its cache, a namespace's first hit on a prefix that
     # another namespace of its tenant (users of one tenant share its system prompt) sent since
