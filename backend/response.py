@@ -9,6 +9,7 @@ streaming, the attestation is the first SSE event, and a failed stream never end
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterable
@@ -140,6 +141,12 @@ class Generation:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
+        # A client that left is a normal exit, not an error to log: its streams are aborted.
+        with contextlib.suppress(ConnectionResetError):
+            await self._relay(response, read)
+        return response
+
+    async def _relay(self, response: web.StreamResponse, read: list[Tagged]) -> None:
         created = int(time.time())
         await response.write(self._head(created))
         try:
@@ -149,12 +156,11 @@ class Generation:
                 await self._send(response, created, *await self._next())
         except BackendError as exc:
             await response.write(b"event: error\ndata: " + error_body(exc) + b"\n\n")
-            return response  # no [DONE]: a truncated answer must not look complete
+            return  # no [DONE]: a truncated answer must not look complete
         if self.req.include_usage:
             await response.write(shapes.usage_chunk(self.req, self.rid, created, self._usage()))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
-        return response
 
     def _head(self, created: int) -> bytes:
         """The attestation as a named event whose data is also a valid first chunk (each

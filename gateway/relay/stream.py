@@ -71,9 +71,12 @@ async def relay_stream(
         if request.transport is not None:
             request.transport.abort()  # its buffers are full: nothing more can be said
         return resp
-    except (asyncio.CancelledError, ConnectionResetError):
+    except asyncio.CancelledError:
         await exchange.left("client_closed")  # the client went away: the answer gets its record
         raise
+    except ConnectionResetError:  # a write met the closed connection before the cancellation
+        await exchange.left("client_closed")
+        return resp  # a normal exit, not a server error to log
     await resp.write_eof()
     return resp
 

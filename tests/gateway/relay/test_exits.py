@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
+import socket
+import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -181,3 +184,44 @@ async def test_a_half_closed_client_gets_a_clean_close_that_is_audited(
         await until(lambda: [r for r in records(log) if r["phase"] == "final"], what="a record")
     final = [r for r in records(log) if r["phase"] == "final"]
     assert [(r["status"], r["reason"]) for r in final] == [(499, "client_closed")]
+
+
+async def test_a_client_that_resets_a_stream_is_recorded_499_and_logs_no_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that resets its connection mid-stream (RST, as a killed process or a load
+    balancer's timeout does) is a normal exit, not a server error: the gateway's next write
+    fails, the record says 499 client_closed, and nothing is logged at ERROR."""
+    caplog.set_level(logging.INFO)
+    log = tmp_path / "audit.jsonl"
+    rounds = 6
+    async with audited("flood", log) as gw:  # big events keep coming after the client has gone
+        host, port = gw.url.removeprefix("http://").split(":")
+        body = orjson.dumps({**CHAT, "stream": True})
+        for _ in range(rounds):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nAuthorization: Bearer "
+                + KEYS["acme"].encode()
+                + b"\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
+            await reader.readuntil(b"data: ")  # its answer has begun
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()  # closed with a reset, its receive buffer unread
+        finals = await until(
+            lambda: (
+                len([r for r in records(log) if r["phase"] == "final"]) == rounds
+                and [r for r in records(log) if r["phase"] == "final"]
+            ),
+            what=f"{rounds} final records",
+        )
+        served = await gw.chat("acme", CHAT)  # the gateway serves on
+        assert served.status == 200
+    assert [(r["status"], r["reason"]) for r in finals] == [(499, "client_closed")] * rounds
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []
