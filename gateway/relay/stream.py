@@ -50,9 +50,9 @@ async def relay_stream(
     resp = web.StreamResponse(status=upstream.status, headers=headers)
     await resp.prepare(request)
     request[TIMING].client_headers = time.perf_counter()
-    if exchange.first:
-        await resp.write(exchange.first)
     try:
+        if exchange.first:
+            await resp.write(exchange.first)
         while True:
             await _send(resp, exchange.events(chunk), write_s)
             try:
