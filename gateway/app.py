@@ -23,11 +23,13 @@ from gateway.api.models import add_routes
 from gateway.api.receipts import add_receipt_routes
 from gateway.audit.sink import AUDIT_SINK, AuditSink, audit_sink_ctx
 from gateway.audit.trace import TRACES, Traces
+from gateway.control.service import open_control
 from gateway.errors import GatewayError, NotFound, Overloaded, error_response
 from gateway.filters.adapter import inject
 from gateway.filters.allowlist import allow_fields
 from gateway.filters.authn import authenticate
 from gateway.filters.body import read_body
+from gateway.filters.budget import reserve
 from gateway.filters.limit import admit
 from gateway.filters.namespace import derive
 from gateway.filters.public import split_public
@@ -36,7 +38,6 @@ from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
 from gateway.fleet.budgeter import BUDGETS, Budgeter
 from gateway.fleet.limiter import LIMITER, Limiter
-from gateway.fleet.local_budgets import LocalBudgets
 from gateway.fleet.local_health import HealthCollector
 from gateway.fleet.local_limits import LIMITS, SharedLimits
 from gateway.fleet.metrics import FLEET_METRICS, FleetMetrics
@@ -49,7 +50,7 @@ from gateway.policy.model import Policy
 from gateway.policy.reload import HOLDER, RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
 from gateway.receipts.service import RECEIPTS, Receipts, receipts_ctx
-from gateway.registry.admin import open_budgets, open_registry
+from gateway.registry.admin import open_registry
 from gateway.relay.session import SESSION, session_ctx
 from gateway.routing.failover import failover
 from gateway.routing.liveness import LIVENESS, Liveness, LivenessCollector, readyz
@@ -61,6 +62,7 @@ from gateway.state import (
     API_KEY,
     RECEIPT_ID,
     REQUEST_ID,
+    RESERVATION,
     ROUTE,
     RUNTIME,
     TENANT,
@@ -80,6 +82,7 @@ CHAIN: Final[tuple[Filter, ...]] = (
     admit,
     read_body,
     choose_route,
+    reserve,
     scrub_client_inputs,
     allow_fields,
     derive,
@@ -154,24 +157,28 @@ async def frame(
         if request.get(ADMITTED):
             tokens = request.get(USED_TOKENS, 0)
             request.app[LIMITER].release(request[TENANT], request.get(ADMISSION), tokens)
+        reservation = request.get(RESERVATION)
+        if reservation is not None:
+            request.app[BUDGETS].settle(reservation, request.get(USED_TOKENS, 0))
         if request.get(USED_TOKENS):
             _spend(request, request[USED_TOKENS])
         finish(request, status, timing)
 
 
 def _spend(request: web.Request, tokens: int) -> None:
-    """Charge an answer's tokens to its tenant's and key's budgets, and count them per key."""
+    """Count an answer's tokens per key."""
     tenant, key = request[TENANT], request.get(API_KEY)
-    request.app[BUDGETS].charge(tenant, key, tokens)
     if key is not None:
         metrics = request.app[METRICS]
         metrics.child(metrics.key_tokens, tenant.id, key.id).inc(tokens)
 
 
 async def _budgets_ctx(app: web.Application) -> AsyncIterator[None]:
+    task = asyncio.create_task(app[BUDGETS].run())
     yield
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
     await app[BUDGETS].drain()
-    app[BUDGETS].local.close()
 
 
 def _verify_ctx(temporary: bool) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -229,7 +236,8 @@ def create_app(
         state_dir, temporary = state_dir_for(policy)
     app[VERIFY] = Verification(policy, state_dir)
     shared_limits = open_shared(app, policy)  # gateway.shared: health and limits in Redis
-    open_registry(app, policy)  # registry: tenants and keys beside the policy
+    control = open_control(app, policy, state_dir)  # what must last: SQLite or PostgreSQL
+    open_registry(app, policy, state_dir)  # registry: tenants and keys, in the control database
 
     def backends() -> list[str]:
         return [b.name for b in app[HOLDER].runtime.policy.backends]
@@ -239,7 +247,7 @@ def create_app(
     app[LIMITS] = SharedLimits(state_dir / "limits.bin", generation or time.time())
     app[IN_FLIGHT] = InFlight()
     app[LIMITER] = Limiter(app[LIMITS], shared_limits)
-    app[BUDGETS] = Budgeter(LocalBudgets(state_dir / "budgets.bin"), open_budgets(app, policy))
+    app[BUDGETS] = Budgeter(control)
     app.cleanup_ctx.append(_budgets_ctx)
     app[REPLICAS] = Replicas()
 

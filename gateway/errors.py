@@ -13,7 +13,7 @@ GatewayError
 ├── RateLimited (429): BudgetExceeded
 ├── UnsupportedEncoding (415), NotSupported (501), VersionNotSupported (505, edge)
 ├── UpstreamUnavailable, AttestationRefused, AuditWriteFailed, AnswerTooLarge, HandleRefused (502)
-├── Overloaded, BackendQuarantined, SharedStateUnavailable, NotReady (503)
+├── Overloaded, BackendQuarantined, SharedStateUnavailable, ControlUnavailable, NotReady (503)
 └── UpstreamTimeout (504)
 
 The edge's errors (`gateway.listener.edge`) are answered with `Connection: close`, and the
@@ -232,6 +232,13 @@ class SharedStateUnavailable(GatewayError):
     `gateway.shared.on_failure: closed`."""
 
     status, type, code = 503, "server_error", "shared_state_unavailable"
+
+
+class ControlUnavailable(GatewayError):
+    """The control-plane database cannot be reached and this worker has nothing to decide a
+    request's budget on (it never read that tenant's or key's spend)."""
+
+    status, type, code = 503, "server_error", "control_unavailable"
 
 
 class NotReady(GatewayError):

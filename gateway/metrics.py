@@ -126,6 +126,18 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.control_rollbacks = Counter(
+            p + "control_rollbacks",
+            "Times the control database was found behind a registry version this gateway saw "
+            "(restored from an older backup, or recreated): the newer one was written back",
+            registry=r,
+        )
+        self.control_failures = Counter(
+            p + "control_failures",
+            "Control database operations that failed (unreachable, timed out), by operation",
+            ["op"],
+            registry=r,
+        )
         self.malformed = Counter(
             p + "malformed_requests",
             "Requests refused at the edge or by the HTTP parser",

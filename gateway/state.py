@@ -14,6 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.fleet.budgeter import Reservation
+
 # Re-exported for `gateway.shared`, which takes these app keys from here.
 from gateway.fleet.limiter import LIMITER as LIMITER
 from gateway.fleet.limiter import Admission
@@ -74,6 +76,8 @@ CANDIDATES: web.RequestKey[tuple[Route, ...]] = web.RequestKey(
     "kvfence_candidates", tuple
 )  # filters.replica
 UNSCOPED_BODY = web.RequestKey("kvfence_unscoped_body", bytes)  # filters.replica
+# Tokens held against the request's budgets: settled (released and charged) at its end.
+RESERVATION = web.RequestKey("kvfence_reservation", Reservation)  # filters.budget
 USED_TOKENS = web.RequestKey("kvfence_used_tokens", int)  # audit.settle: what the answer used
 # The request body exactly as received (decoded), for its receipt's request.received digest.
 RECEIVED_BODY = web.RequestKey("kvfence_received_body", bytes)  # filters.body

@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from gateway.fleet.local_registry import FileRegistry
+from gateway.control.offline import OfflineRegistry
 from gateway.policy import registry as reg
 from kvfence.apikey import TENANT_ID_RE, key_digest, mint_key
 
@@ -108,7 +108,7 @@ def ensure_tenants(state: Path, model: str, wanted: list[str], pepper: bytes) ->
             new_keys[tenant] = key
             added.append(tenant)
 
-    FileRegistry(state / "state" / "registry.json").update(change)
+    OfflineRegistry(state_dir=state / "state", pepper=pepper).update(change)
     old = state / "keys.json"
     kept = json.loads(old.read_text()) if old.exists() else {}
     for tenant, key in {**kept, **new_keys}.items():

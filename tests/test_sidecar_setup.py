@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from gateway.control.offline import OfflineRegistry
 from gateway.policy.load import load_policy
 from gateway.policy.runtime import Runtime
 from kvfence.apikey import mint_key
@@ -32,8 +33,7 @@ def setup(state: Path, url: str, *extra: str) -> subprocess.CompletedProcess[str
 
 def runtime(state: Path) -> Runtime:
     policy = load_policy(state / "policy.yaml")
-    doc = json.loads((state / "state" / "registry.json").read_text())
-    return Runtime(policy, doc)
+    return Runtime(policy, OfflineRegistry(policy).read())
 
 
 @pytest.fixture

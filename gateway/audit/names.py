@@ -24,9 +24,9 @@ import orjson
 
 from gateway.audit.chain.chains import ChainsError, find_chains
 from gateway.audit.chain.format import rotated_paths
-from gateway.fleet.local_registry import FileRegistry
+from gateway.control.offline import OfflineRegistry
 from gateway.policy.load import load_policy
-from gateway.policy.model import Policy, RegistryStore
+from gateway.policy.model import Policy
 from gateway.policy.node import PolicyError
 from gateway.policy.registry import RegistryError
 from gateway.policy.runtime import registry_of
@@ -62,8 +62,8 @@ def names(policy: Policy, values: list[str]) -> dict[str, Named]:
     """Label -> who, for every tenant (the policy's and the registry's), served model, scope
     value tried and namespace key."""
     tenants = list(policy.tenants)
-    if policy.registry is not None and policy.registry.store is RegistryStore.FILE:
-        tenants += registry_of(policy, FileRegistry(policy.registry.path).read()).tenants
+    if policy.registry is not None:
+        tenants += registry_of(policy, OfflineRegistry(policy).read()).tenants
     models = {(m.name, m.revision) for b in policy.backends for m in b.models}
     out: dict[str, Named] = {}
     for spec in policy.gateway.namespace_keys:

@@ -1,11 +1,14 @@
 """Token budgets per tenant and per registry key over calendar periods (hour, day, month, UTC),
-beside the rate limits: which table holds the counts (this gateway's `local_budgets`, or Redis
-with `gateway.shared`, under its `on_failure`), the check before a request is admitted and the
-charge when it ends.
+kept in the control-plane database's spend ledger: a reservation when a request is admitted
+(its `max_tokens`, else the model's limit, plus its prompt's bytes), settled on the usage its
+answer reported (or its estimate) when it ends.
 
-Invariant: a subject whose budget for a period is spent is refused (429 `budget_exceeded`) until
-the period's window ends; a request is checked against both its tenant's and its key's budgets,
-and its tokens are charged to both, once, from the usage its answer reported.
+Invariant: a request is admitted only while what its subjects spent plus what is reserved for
+requests in flight is below each budget, decided in one database transaction, so concurrent
+requests on every worker and gateway overshoot a budget by at most one reservation; a settled
+charge is durable when the answer's record is written, except while the database cannot be
+reached: then charges wait in this worker (retried every second) and admissions are decided on
+the last spend read plus what waits (a crash of the worker loses what waits).
 """
 
 from __future__ import annotations
@@ -14,21 +17,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Final
 
 from aiohttp import web
 
-from gateway.fleet.local_budgets import PERIODS, LocalBudgets, window
-from gateway.fleet.unavailable import SharedUnavailable
+from gateway.control.engine import ControlUnavailable
+from gateway.control.store import ControlStore
+from gateway.fleet.windows import PERIODS, starts, window
 from gateway.policy.registry import KeyInfo
 from gateway.policy.tenant_model import Tenant, TenantBudgets
 
-if TYPE_CHECKING:
-    from gateway.fleet.budgets import RedisBudgets
-
 log = logging.getLogger("kvfence.gateway.budgets")
 _NAMES = {"hour": "hourly", "day": "daily", "month": "monthly"}
+RETRY_S: Final = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,20 @@ class Spent:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    rid: str
+    subjects: tuple[str, ...]
+    tokens: int
+
+
+@dataclass(slots=True)
+class _Unsettled:
+    reservation: Reservation
+    tokens: int
+    windows: dict[str, int] = field(default_factory=dict)
+
+
 def _subjects(tenant: Tenant, key: KeyInfo | None) -> list[tuple[str, str, TenantBudgets]]:
     out = []
     if tenant.budgets.any:
@@ -58,58 +74,111 @@ def _subjects(tenant: Tenant, key: KeyInfo | None) -> list[tuple[str, str, Tenan
     return out
 
 
+def _budgets(budgets: TenantBudgets) -> dict[str, int]:
+    return {p: int(getattr(budgets, p)) for p in PERIODS if getattr(budgets, p)}
+
+
 class Budgeter:
-    def __init__(self, local: LocalBudgets, shared: RedisBudgets | None = None) -> None:
-        self.local, self.shared = local, shared
-        self._charges: set[asyncio.Task[None]] = set()
+    def __init__(self, control: ControlStore, lease_s: float = 3600.0) -> None:
+        self.control, self.lease_s = control, lease_s
+        self._known: dict[str, dict[str, int]] = {}  # subject -> spend last read (by window)
+        self._unsettled: list[_Unsettled] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.failures = 0
 
-    async def _spent(self, subject: str, now: float) -> dict[str, int]:
-        store = self.shared.store if self.shared is not None else None
-        if self.shared is not None and store is not None and store.up is not False:
-            with contextlib.suppress(SharedUnavailable):  # counted and logged by the store
-                return await self.shared.spent(subject, now)
-        # Redis down: `on_failure: closed` refused the request before this (the limiter).
-        return self.local.spent(subject, now)
-
-    async def check(self, tenant: Tenant, key: KeyInfo | None) -> Spent | None:
-        """None: every budget of the request has tokens left; else the first one spent."""
+    async def reserve(
+        self, tenant: Tenant, key: KeyInfo | None, rid: str, tokens: int
+    ) -> Reservation | Spent | None:
+        """None: no budget applies; else a reservation to settle, or the first budget spent.
+        Raises ControlUnavailable when the database cannot answer and this worker has never
+        read the subject's spend (nothing to decide on)."""
+        subjects = _subjects(tenant, key)
+        if not subjects:
+            return None
         now = time.time()
-        for of, subject, budgets in _subjects(tenant, key):
-            spent = await self._spent(subject, now)
-            for period in PERIODS:
-                budget = getattr(budgets, period)
-                if budget and spent[period] >= budget:
-                    return Spent(of, period, budget, window(period, now)[1])
+        windows = starts(now)
+        asks = [(subject, windows, _budgets(b)) for _, subject, b in subjects]
+        reservation = Reservation(rid, tuple(s for _, s, _ in subjects), tokens)
+        try:
+            await self._flush()
+            full = await self.control.reserve(rid, asks, tokens, self.lease_s)
+        except ControlUnavailable:
+            self.failures += 1
+            full = self._decide_locally(asks)
+        if full is None:
+            return reservation
+        subject, period, budget = full
+        of = next(of for of, s, _ in subjects if s == subject)
+        return Spent(of, period, budget, window(period, now)[1])
+
+    def _decide_locally(
+        self, asks: list[tuple[str, dict[str, int], dict[str, int]]]
+    ) -> tuple[str, str, int] | None:
+        for subject, windows, budgets in asks:
+            if subject not in self._known:
+                raise ControlUnavailable("the control database cannot be reached")
+            waiting = sum(u.tokens for u in self._unsettled if subject in u.reservation.subjects)
+            for period, budget in budgets.items():
+                known = self._known[subject].get(f"{period}\0{windows[period]}", 0)
+                if known + waiting >= budget:
+                    return subject, period, budget
         return None
 
-    def charge(self, tenant: Tenant, key: KeyInfo | None, tokens: int) -> None:
-        """The request ended having used `tokens` (without waiting for Redis)."""
-        subjects = _subjects(tenant, key)
-        if tokens <= 0 or not subjects:
-            return
-        now = time.time()
-        if self.shared is None:
-            for _, subject, _ in subjects:
-                self.local.charge(subject, tokens, now)
-            return
-        task = asyncio.get_running_loop().create_task(self._charge(subjects, tokens, now))
-        self._charges.add(task)
-        task.add_done_callback(self._charges.discard)
+    def settle(self, reservation: Reservation, tokens: int) -> None:
+        """The request ended having used `tokens`: release its reservation and charge them
+        (in the background; the database's transaction makes it durable)."""
+        item = _Unsettled(reservation, max(0, tokens), starts(time.time()))
+        task = asyncio.get_running_loop().create_task(self._settle(item))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    async def _charge(
-        self, subjects: list[tuple[str, str, TenantBudgets]], tokens: int, now: float
-    ) -> None:
-        assert self.shared is not None
-        for _, subject, _ in subjects:
-            try:
-                await self.shared.charge(subject, tokens, now)
-            except SharedUnavailable:  # kept here, so this gateway still counts it
-                self.local.charge(subject, tokens, now)
-                log.warning("budget charge kept locally: Redis unreachable")
+    async def _settle(self, item: _Unsettled) -> None:
+        try:
+            await self.control.settle(
+                item.reservation.rid, [(s, item.windows) for s in item.reservation.subjects],
+                item.tokens,
+            )  # fmt: skip
+            for subject in item.reservation.subjects:
+                await self._remember(subject, item.windows)
+        except ControlUnavailable:
+            self.failures += 1
+            self._unsettled.append(item)
+            log.warning("budget charge waits: the control database cannot be reached")
+
+    async def _remember(self, subject: str, windows: dict[str, int]) -> None:
+        spent = await self.control.spent(subject, windows)
+        self._known[subject] = {f"{p}\0{windows[p]}": n for p, n in spent.items()}
+
+    async def _flush(self) -> None:
+        """Charges that waited for the database, written now (the oldest first)."""
+        while self._unsettled:
+            item = self._unsettled[0]
+            await self.control.settle(
+                item.reservation.rid, [(s, item.windows) for s in item.reservation.subjects],
+                item.tokens,
+            )  # fmt: skip
+            self._unsettled.pop(0)
+
+    async def spent(self, subject: str) -> dict[str, int]:
+        """Tokens spent in each current window (for `kvfence tenants list`)."""
+        return await self.control.spent(subject, starts(time.time()))
+
+    async def run(self) -> None:
+        """Retry waiting charges every second while there are any."""
+        while True:
+            await asyncio.sleep(RETRY_S)
+            if self._unsettled:
+                with contextlib.suppress(ControlUnavailable):
+                    await self._flush()
 
     async def drain(self) -> None:
-        if self._charges:
-            await asyncio.gather(*self._charges, return_exceptions=True)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(ControlUnavailable):
+            await self._flush()
+        if self._unsettled:
+            log.error("budget charges lost at shutdown: the control database cannot be reached",
+                      extra={"charges": len(self._unsettled)})  # fmt: skip
 
 
 BUDGETS = web.AppKey("kvfence_budgets", Budgeter)

@@ -16,6 +16,7 @@ from typing import Final, Protocol, TypeVar
 
 from aiohttp import web
 
+from gateway.control.engine import ControlRefused, ControlUnavailable
 from gateway.fleet.unavailable import SharedUnavailable
 from gateway.metrics import Metrics
 from gateway.policy.registry import Document, RegistryError
@@ -46,7 +47,7 @@ class RegistryWatch:
         async with self._lock:
             try:
                 doc = await self.store.changed()
-            except (RegistryError, SharedUnavailable) as exc:
+            except (RegistryError, SharedUnavailable, ControlUnavailable, ControlRefused) as exc:
                 self._failed(str(exc) or type(exc).__name__)
                 return False
             self.error = ""

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gateway.policy.model import (
+    ControlDatabase,
+    ControlSettings,
     OnSharedFailure,
     RoutingSettings,
     RoutingStrategy,
@@ -27,6 +29,9 @@ _OTLP_URL_RE = re.compile(r"^https?://[A-Za-z0-9.:_\[\]-]+(/[A-Za-z0-9._/-]*)?$"
 _SERVICE_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _REDIS_URL_RE = re.compile(r"^(redis|rediss)://([A-Za-z0-9._-]+)(:\d{1,5})?(/\d{1,2})?$")
 _USER_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_PG_URL_RE = re.compile(
+    r"^postgres(ql)?://[A-Za-z0-9._-]{1,63}@[A-Za-z0-9._-]+(:\d{1,5})?/[A-Za-z0-9._-]{1,63}$"
+)
 
 
 def read_routing(node: Node) -> RoutingSettings:
@@ -62,6 +67,26 @@ def read_shared(node: Node, env: Mapping[str, str], base: Path) -> SharedSetting
             r, timeout_s=lambda n: n.number(0.01, 30.0), lease_s=lambda n: n.number(10.0, 86400.0)
         ),
     )
+
+
+def read_control(node: Node, env: Mapping[str, str], base: Path) -> ControlSettings:
+    """`gateway.control`: `{database: sqlite[, path]}` or `{database: postgresql, url,
+    password}`; the password is a secret reference, never part of the URL."""
+    f = node.mapping(_F({"database"}), _F({"path", "url", "password", "timeout_s"}))
+    database = ControlDatabase(f["database"].choice(tuple(ControlDatabase)))
+    timeout = optional(f, timeout_s=lambda n: n.number(0.05, 60.0))
+    if database is ControlDatabase.SQLITE:
+        for name in ("url", "password"):
+            if name in f:
+                f[name].fail("only for database: postgresql")
+        return ControlSettings(database, **optional(f, path=lambda n: base / n.text()), **timeout)
+    if "path" in f:
+        f["path"].fail("only for database: sqlite")
+    if "url" not in f or "password" not in f:
+        node.fail("database postgresql needs url and password: {file: ...}")
+    url = f["url"].text(_PG_URL_RE, "like postgresql://kvfence@db:5432/kvfence (no password)")
+    return ControlSettings(database, url=url, password=resolve(f["password"], env, base, 1),
+                           **timeout)  # fmt: skip
 
 
 def _ca_file(node: Node, base: Path) -> Path:

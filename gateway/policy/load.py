@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.policy.backends import named_models, read_backends
-from gateway.policy.fleet import read_routing, read_shared, read_tracing
+from gateway.policy.fleet import read_control, read_routing, read_shared, read_tracing
 from gateway.policy.keys import read_audit_log, read_handle_key, read_handle_ttl
 from gateway.policy.model import (
     ClientInputMode,
     ClientLimits,
+    ControlDatabase,
     GatewaySettings,
     Listen,
     NamespaceKeySpec,
@@ -47,7 +48,7 @@ _GATEWAY_REQ = _F({"namespace_keys", "api_key_pepper"})
 _GATEWAY_OPT = _F(
     {"listen", "client_inputs", "timeouts", "limits", "access_log", "handle_key", "handle_ttl_s"}
     | {"audit_log", "unknown_fields", "admin", "state_dir", "history", "routing", "shared"}
-    | {"receipts", "tracing"}
+    | {"receipts", "tracing", "control"}
 )
 T = TypeVar("T")
 _HOST_RE = re.compile(r"^[A-Za-z0-9.:_-]+$")
@@ -119,6 +120,7 @@ def _gateway(node: Node, env: Mapping[str, str], base: Path) -> GatewaySettings:
         "history": read_history,
         "routing": read_routing,
         "shared": lambda n: read_shared(n, env, base),
+        "control": lambda n: read_control(n, env, base),
         "receipts": lambda n: read_receipts(n, base),
         "tracing": lambda n: read_tracing(n, env, base),
     }
@@ -150,24 +152,33 @@ def _unknown_fields(node: Node) -> UnknownFieldMode:
 
 
 def _registry(node: Node, gateway: GatewaySettings, base: Path) -> RegistrySettings:
-    """`registry: true`, or `{store: file|redis, path: FILE}` (path relative to the policy)."""
+    """`registry: true`, or `{store: database, path: FILE}`: the control-plane database holds
+    it; `path` names a registry file an earlier version kept, imported into an empty database."""
     if node.node.tag == "tag:yaml.org,2002:bool":
         if not node.boolean():
             node.fail("must be true or a mapping (leave it out for no registry)")
         f: dict[str, Node] = {}
     else:
         f = node.mapping(_F(), _F({"store", "path"}))
-    default = RegistryStore.REDIS if gateway.shared is not None else RegistryStore.FILE
-    store = RegistryStore(f["store"].choice(tuple(RegistryStore))) if "store" in f else default
-    if store is RegistryStore.REDIS and gateway.shared is None:
-        node.fail("store redis needs gateway.shared (the Redis the replicas share)")
+    if "store" in f and f["store"].text() in ("file", "redis"):
+        f["store"].fail(
+            "the registry now lives in the control-plane database (gateway.control; SQLite in "
+            "state_dir by default): remove store (a registry file is imported at first start)"
+        )
+    store = RegistryStore(f["store"].choice(tuple(RegistryStore))) if "store" in f else None
+    control = gateway.control
     if "path" in f:
         path = base / f["path"].text()
     elif gateway.state_dir is not None:
         path = gateway.state_dir / "registry.json"
+    elif control.database is ControlDatabase.SQLITE and control.path is None:
+        node.fail(
+            "the registry is kept in the control database under gateway.state_dir: set "
+            "state_dir (or gateway.control)"
+        )
     else:
-        node.fail("the registry is kept under gateway.state_dir: set state_dir (or registry.path)")
-    return RegistrySettings(store, path)
+        path = base / "registry.json"
+    return RegistrySettings(store or RegistryStore.DATABASE, path)
 
 
 def parse_policy(

@@ -200,8 +200,7 @@ class TracingSettings:
 
 
 class RegistryStore(StrEnum):
-    FILE = "file"  # a JSON file every worker of this gateway reads (under state_dir)
-    REDIS = "redis"  # in the shared Redis (gateway.shared): every replica reads it
+    DATABASE = "database"  # the control-plane database (gateway.control): the only store
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +209,24 @@ class RegistrySettings:
     `kvfence tenants` and `kvfence keys` change without editing the policy."""
 
     store: RegistryStore
-    path: Path  # the file store's document (with store redis: unused)
+    path: Path  # a registry file an earlier version kept: imported once into an empty database
+
+
+class ControlDatabase(StrEnum):
+    SQLITE = "sqlite"  # one file in state_dir: one gateway (all its workers)
+    POSTGRESQL = "postgresql"  # a server every gateway of a fleet shares
+
+
+@dataclass(frozen=True, slots=True)
+class ControlSettings:
+    """The control-plane database (`gateway.control`): tenants, keys and revocations, spend
+    and quarantine decisions, what must outlive every restart (`gateway.control`)."""
+
+    database: ControlDatabase = ControlDatabase.SQLITE
+    path: Path | None = None  # sqlite: the file (default state_dir/control.db)
+    url: str = ""  # postgresql: postgresql://USER@HOST:PORT/DB (no password in it)
+    password: Secret | None = None  # postgresql
+    timeout_s: float = 2.0  # per statement
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +247,7 @@ class GatewaySettings:
     history: HistorySettings = HistorySettings()
     routing: RoutingSettings = RoutingSettings()
     shared: SharedSettings | None = None
+    control: ControlSettings = ControlSettings()
     receipts: ReceiptSettings | None = None
     tracing: TracingSettings | None = None
 

@@ -1,9 +1,9 @@
-"""The tenant registry: tenants and API keys kept as data beside the policy (a file under
-`state_dir`, or Redis with `gateway.shared`), changed by `kvfence tenants` and `kvfence keys`
-without editing the policy. One JSON document: its `version`, its tenants (each the policy's
-tenant mapping without `api_keys`) and its keys (digest, tenant, label, created, expires,
-revoked). This module reads a document into what a `Runtime` adds to the policy, and changes a
-document; the stores (`gateway.fleet.local_registry`, `gateway.fleet.registry`) keep it.
+"""The tenant registry: tenants and API keys kept as data in the control-plane database,
+changed by `kvfence tenants` and `kvfence keys` without editing the policy. One JSON
+document: its `version`, its tenants (each the policy's tenant mapping without `api_keys`)
+and its keys (digest, tenant, label, created, expires, revoked). This module reads a document
+into what a `Runtime` adds to the policy, and changes a document; the control-plane database
+keeps it (`gateway.control.registry`).
 
 Invariant: a registry tenant is read by the policy's own tenant reader, so it is checked exactly
 as a policy tenant is; an entry that fails a check is left out with its reason (its keys open

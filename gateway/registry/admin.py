@@ -13,67 +13,64 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import orjson
 from aiohttp import web
 
-from gateway.fleet.local_registry import LocalRegistryStore
-from gateway.fleet.registry_watch import REGISTRY, RegistryStore, RegistryWatch
+from gateway.audit.sink import AUDIT_SINK
+from gateway.control.engine import ControlRefused, ControlUnavailable
+from gateway.control.registry import DatabaseRegistryStore
+from gateway.control.service import CONTROL, origin
+from gateway.control.store import ControlStore, Version
+from gateway.control.witness import Witness
+from gateway.fleet.registry_watch import REGISTRY, RegistryWatch
 from gateway.fleet.unavailable import SharedUnavailable
 from gateway.metrics import METRICS
 from gateway.policy import registry as reg
 from gateway.policy.model import Policy
-from gateway.policy.model import RegistryStore as StoreKind
 from gateway.policy.registry import RegistryError
 from gateway.policy.registry_view import keys_view, tenant_ids, tenant_record, tenants_view
 from gateway.policy.reload import HOLDER
 from kvfence.apikey import key_digest, mint_key
 
-if TYPE_CHECKING:
-    from gateway.fleet.budgets import RedisBudgets
-
 Handler = Callable[[web.Application, web.Request], Awaitable[web.StreamResponse]]
 
 
-def open_budgets(app: web.Application, policy: Policy) -> RedisBudgets | None:
-    """With `gateway.shared`, token budgets count in Redis (else in the state directory)."""
-    if policy.gateway.shared is None:
-        return None
-    from gateway.fleet.budgets import RedisBudgets
-    from gateway.shared import SHARED
-
-    return RedisBudgets(app[SHARED])
-
-
-def open_registry(app: web.Application, policy: Policy) -> None:
-    """With `registry` in the policy: its store, read once now (the file store) or at start-up
-    (Redis), and a watch that follows it. Call after the shared store is open."""
-    settings = policy.registry
-    if settings is None:
+def open_registry(app: web.Application, policy: Policy, state_dir: Path) -> None:
+    """With `registry` in the policy: the control database holds it, a watch follows it, and
+    the newest version (or this gateway's witness of it) is read before the first request.
+    Call after the control database is open."""
+    if policy.registry is None:
         return
-    store: RegistryStore
-    if settings.store is StoreKind.REDIS:
-        from gateway.fleet.registry import RedisRegistryStore
-        from gateway.shared import SHARED
+    store = registry_store(app[CONTROL], policy, state_dir)
+    metrics = app[METRICS]
 
-        store = RedisRegistryStore(app[SHARED], policy.gateway.api_key_pepper.value)
-    else:
-        local = LocalRegistryStore(settings.path)
-        store = local
-        try:
-            first = local.file.changed()  # before the first request: its tenants are known
-        except RegistryError as exc:
-            raise RegistryError(f"refusing to start: {exc}") from None
-        if first is not None:
-            app[HOLDER].swap(registry=first)
-    app[REGISTRY] = RegistryWatch(app[HOLDER], store, app[METRICS])
+    async def noted(what: str, version: Version) -> None:
+        if what == "rollback":
+            metrics.control_rollbacks.inc()
+        record = {"event": f"registry_{what}", "version": version.number, "sha256": version.sha256}
+        if AUDIT_SINK in app:
+            await app[AUDIT_SINK].event(app[HOLDER].runtime.policy.gateway.audit_log, record)
+
+    store.noted = noted
+    app[REGISTRY] = RegistryWatch(app[HOLDER], store, metrics)
     app.cleanup_ctx.append(_watch_ctx)
+
+
+def registry_store(control: ControlStore, policy: Policy, state_dir: Path) -> DatabaseRegistryStore:
+    assert policy.registry is not None
+    witness = Witness(state_dir / "control-witness.json", policy.gateway.api_key_pepper.value)
+    return DatabaseRegistryStore(control, witness, origin(), policy.registry.path)
 
 
 async def _watch_ctx(app: web.Application) -> AsyncIterator[None]:
     watch = app[REGISTRY]
-    await watch.refresh()
+    assert isinstance(watch.store, DatabaseRegistryStore)
+    first = await watch.store.start()  # before the first request: its tenants are known
+    if first is not None:
+        app[HOLDER].swap(registry=first)
     task = asyncio.create_task(watch.run())
     yield
     task.cancel()
@@ -114,6 +111,11 @@ def _guarded(
             return _error(400, "registry_refused", str(exc))
         except SharedUnavailable:
             return _error(503, "shared_state_unavailable", "the shared registry cannot be reached")
+        except ControlUnavailable as exc:
+            gateway[METRICS].control_failures.labels("registry").inc()
+            return _error(503, "control_unavailable", f"nothing changed: {exc}; retry shortly")
+        except ControlRefused as exc:
+            return _error(503, "control_refused", str(exc))
 
     return wrapped
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.fleet.local_registry import FileRegistry
+from gateway.control.offline import OfflineRegistry
 from gateway.policy import registry as reg
 from gateway.policy.load import load_policy
-from gateway.policy.model import Policy, RegistryStore
+from gateway.policy.model import Policy
 from gateway.policy.node import PolicyError
 from gateway.policy.registry import RegistryError
 from gateway.policy.registry_view import keys_view, tenant_ids, tenant_record, tenants_view
@@ -60,7 +60,7 @@ class Target:
             with exc:  # an error answer holds its connection until closed
                 said = f"{exc.code}: {_message(exc.read())}"
             registry = self.policy.registry if self.policy is not None else None
-            if exc.code == 403 and registry is not None and registry.store is RegistryStore.FILE:
+            if exc.code == 403 and registry is not None:
                 said += " (or change the registry file itself: add --offline)"
             raise RegistryError(said) from None
         except (urllib.error.URLError, OSError) as exc:
@@ -150,13 +150,10 @@ def run(t: Target, online: Any, offline: Any) -> Any:
         except Unreachable as exc:
             if t.policy is None:
                 raise RegistryError(str(exc)) from None
-            if t.policy.registry is not None and t.policy.registry.store is RegistryStore.REDIS:
-                raise RegistryError(f"{exc}; the registry is in Redis: start the gateway") from None
     assert t.policy is not None and t.policy.registry is not None
-    if t.policy.registry.store is RegistryStore.REDIS:
-        raise RegistryError("the registry is in Redis: change it through a running gateway")
-    t.said = f"offline, in {t.policy.registry.path}"
-    return offline(t.policy, FileRegistry(t.policy.registry.path))
+    registry = OfflineRegistry(t.policy)
+    t.said = f"offline, in the control database {registry.where}"
+    return offline(t.policy, registry)
 
 
 def fail(command: str, exc: Exception) -> int:
@@ -182,28 +179,28 @@ def table(rows: list[list[str]]) -> str:
 # Offline operations: the admin listener's, on the registry file.
 
 
-def offline_tenants(policy: Policy, file: FileRegistry) -> Any:
+def offline_tenants(policy: Policy, file: OfflineRegistry) -> Any:
     doc = file.read()
     return tenants_view(policy, registry_of(policy, doc), doc, time.time())
 
 
-def offline_keys(policy: Policy, file: FileRegistry, tenant: str | None) -> Any:
+def offline_keys(policy: Policy, file: OfflineRegistry, tenant: str | None) -> Any:
     doc = file.read()
     return {"keys": keys_view(policy, registry_of(policy, doc), tenant, time.time())}
 
 
-def offline_add(policy: Policy, file: FileRegistry, spec: dict[str, Any]) -> Any:
+def offline_add(policy: Policy, file: OfflineRegistry, spec: dict[str, Any]) -> Any:
     record = tenant_record(policy, spec)
     ids = [t.id for t in policy.tenants]
     return {"added": file.update(lambda doc: reg.add_tenant(doc, record, ids))}
 
 
-def offline_remove(policy: Policy, file: FileRegistry, tid: str) -> Any:
+def offline_remove(policy: Policy, file: OfflineRegistry, tid: str) -> Any:
     ids = [t.id for t in policy.tenants]
     return {"removed": file.update(lambda doc: reg.remove_tenant(doc, tid, ids))}
 
 
-def offline_new_key(policy: Policy, file: FileRegistry, body: dict[str, Any]) -> Any:
+def offline_new_key(policy: Policy, file: OfflineRegistry, body: dict[str, Any]) -> Any:
     key = mint_key()
     digest = key_digest(policy.gateway.api_key_pepper.value, key)
 
@@ -216,9 +213,9 @@ def offline_new_key(policy: Policy, file: FileRegistry, body: dict[str, Any]) ->
     return {"key": key, **file.update(change)}
 
 
-def offline_revoke(policy: Policy, file: FileRegistry, ref: str) -> Any:
+def offline_revoke(policy: Policy, file: OfflineRegistry, ref: str) -> Any:
     return {"revoked": file.update(lambda doc: reg.revoke_key(doc, ref))}
 
 
-def offline_expire(policy: Policy, file: FileRegistry, ref: str, at: float) -> Any:
+def offline_expire(policy: Policy, file: OfflineRegistry, ref: str, at: float) -> Any:
     return {"expired": file.update(lambda doc: reg.expire_key(doc, ref, at))}

@@ -16,6 +16,7 @@ LAYERS: list[set[str]] = [
     {"audit.chain"},
     {"adapters"},
     {"policy"},
+    {"control"},
     {"listener"},
     {"fleet"},
     {"verify"},

@@ -8,7 +8,9 @@ out with its reason."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,8 +100,9 @@ async def test_a_tenant_added_and_keyed_offline_is_served_then_revoked_everywher
     assert code == 0, err
     minted = json.loads(out)
     key = minted["api_key"]
-    stored = fleet.policy.parent / "state" / "registry.json"
-    assert key not in stored.read_text() and oct(stored.stat().st_mode & 0o777) == "0o600"
+    stored = fleet.policy.parent / "state" / "control.db"
+    assert "team3" in newest_document(stored) and key not in newest_document(stored)
+    assert oct(stored.stat().st_mode & 0o777) == "0o600"
     await until(lambda: everywhere(fleet, key, 200), what="both workers serve the new key")
 
     code, out, _ = await cli("keys", "list", "--policy", policy, "--offline", capsys=capsys)
@@ -217,5 +220,12 @@ async def test_a_relative_policy_path_names_the_same_registry(
     relative = f"{folder.name}/relative.yaml"
     code, _, err = await cli("tenants", "add", "team7", "--policy", relative, "--offline",
                              capsys=capsys)  # fmt: skip
-    assert code == 0 and f"offline, in {folder.name}/state/registry.json" in err
-    assert "team7" in (folder / "state" / "registry.json").read_text()
+    assert code == 0 and f"offline, in the control database {folder.name}/state/control.db" in err
+    assert "team7" in newest_document(folder / "state" / "control.db")
+
+
+def newest_document(db: Path) -> str:
+    """The newest registry version's document in a gateway's SQLite control database."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        row = conn.execute("SELECT document FROM registry_versions ORDER BY version DESC LIMIT 1")
+        return str(row.fetchone()[0])
