@@ -8,6 +8,7 @@ relays it), against one policy snapshot; any other path answers 404.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -158,8 +159,10 @@ async def frame(
             tokens = request.get(USED_TOKENS, 0)
             request.app[LIMITER].release(request[TENANT], request.get(ADMISSION), tokens)
         reservation = request.get(RESERVATION)
-        if reservation is not None:
-            request.app[BUDGETS].settle(reservation, request.get(USED_TOKENS, 0))
+        if reservation is not None:  # charged before the next request of this client is read
+            settled = request.app[BUDGETS].settle(reservation, request.get(USED_TOKENS, 0))
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(settled)
         if request.get(USED_TOKENS):
             _spend(request, request[USED_TOKENS])
         finish(request, status, timing)

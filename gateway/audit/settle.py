@@ -13,6 +13,7 @@ written raises `AuditWriteFailed`, so the answer fails closed (a stream before i
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any, Final, NoReturn
@@ -24,11 +25,12 @@ from gateway.audit.judge import Answer, AuditContext, Judgement, record
 from gateway.audit.sink import AUDIT_SINK
 from gateway.audit.trace import TRACES
 from gateway.errors import AttestationRefused, AuditWriteFailed, error_response
+from gateway.fleet.budgeter import BUDGETS
 from gateway.metrics import METRICS, Metrics
 from gateway.receipts.draft import Draft
 from gateway.receipts.service import RECEIPTS
 from gateway.receipts.store import ReceiptWriteError
-from gateway.state import BODY, RECEIPT_ID, RUNTIME, USED_TOKENS
+from gateway.state import BODY, RECEIPT_ID, RESERVATION, RUNTIME, USED_TOKENS
 from gateway.verify.evidence import canary_reason
 from gateway.verify.shapes import of_request
 from gateway.verify.watch import WATCH
@@ -89,6 +91,9 @@ async def settle(
         traces.record(request, ctx, answer, judgement, final_status, reason)
     if answer.total_tokens or answer.estimated_tokens:
         request[USED_TOKENS] = answer.total_tokens or answer.estimated_tokens
+    if final_status < 400 and RESERVATION in request:  # never retried: charged before its end
+        reservation = request.pop(RESERVATION)
+        await asyncio.shield(request.app[BUDGETS].settle(reservation, request.get(USED_TOKENS, 0)))
     _count(request.app[METRICS], ctx, answer, judgement)
     entry = record(ctx, answer, judgement, final_status, reason)
     if receipt is not None:

@@ -124,13 +124,15 @@ class Budgeter:
                     return subject, period, budget
         return None
 
-    def settle(self, reservation: Reservation, tokens: int) -> None:
-        """The request ended having used `tokens`: release its reservation and charge them
-        (in the background; the database's transaction makes it durable)."""
+    def settle(self, reservation: Reservation, tokens: int) -> asyncio.Task[None]:
+        """The request ended having used `tokens`: release its reservation and charge them.
+        The caller awaits the task before the answer is done (the charge is then durable, or
+        waiting here); a caller cancelled meanwhile leaves it to finish on its own."""
         item = _Unsettled(reservation, max(0, tokens), starts(time.time()))
         task = asyncio.get_running_loop().create_task(self._settle(item))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _settle(self, item: _Unsettled) -> None:
         try:
