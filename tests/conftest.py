@@ -13,6 +13,7 @@ from backend.model import LoadedModel, load_model
 from backend.model.tokenizer import Tokenizer
 from backend.model.weights import build_llama
 from tests.kit.models import TEST_DEVICE, TINY, byte_tokenizer, tiny_tensors
+from tests.kit.postgres_server import PostgresServer, need_postgres
 from tests.kit.redis_server import RedisServer, need_redis
 
 
@@ -32,6 +33,15 @@ def tiny_model(tiny_tokenizer: Tokenizer) -> LoadedModel:
 def smollm2() -> LoadedModel:
     """The real SmolLM2-135M-Instruct with the default dtype, loaded once."""
     return load_model("smollm2", device=str(TEST_DEVICE))
+
+
+@pytest.fixture
+def postgres_server() -> Iterator[PostgresServer]:
+    need_postgres()
+    server = PostgresServer()
+    server.init()
+    yield server
+    server.remove()
 
 
 @pytest.fixture

@@ -133,7 +133,7 @@ class ControlStore:
             for subject, _, _ in asks:
                 await tx.execute(
                     "INSERT INTO reservations (id, subject, tokens, expires) VALUES (?, ?, ?, ?)",
-                    f"{rid}\0{subject}", subject, tokens, now + lease_s,
+                    f"{rid} {subject}", subject, tokens, now + lease_s,
                 )  # fmt: skip
         return None
 
@@ -143,7 +143,7 @@ class ControlStore:
         """Release the reservation `rid` (if any) and add `tokens` to each subject's windows."""
         async with self._tx(lock="kvfence spend") as tx:
             for subject, windows in charges:
-                await tx.execute("DELETE FROM reservations WHERE id = ?", f"{rid}\0{subject}")
+                await tx.execute("DELETE FROM reservations WHERE id = ?", f"{rid} {subject}")
                 if tokens <= 0:
                     continue
                 for period, start in windows.items():

@@ -1,10 +1,10 @@
-"""Token budgets at admission: once the body is read and the model routed, the request's
+"""Tokens held at admission: once the body is read and the model routed, the request's
 reservation (its prompt's bytes plus its `max_tokens`, or `DEFAULT_MAX_TOKENS` without one) is
-held against its tenant's and key's budgets; the app's middleware settles it when the request
-ends (`gateway.fleet.budgeter`).
+held against its tenant's tokens per minute (`gateway.fleet.limiter`) and its tenant's and key's
+budgets (`gateway.fleet.budgeter`); both are settled on what the answer used when it ends.
 
-Invariant: a request with a budget is sent upstream only holding a reservation, which is
-settled exactly once; a refused one costs the upstream nothing.
+Invariant: a request with a budget or a tokens-per-minute limit is sent upstream only holding
+its reservation, settled exactly once; a refused one costs the upstream nothing.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from gateway import entropy
 from gateway.control.engine import ControlUnavailable as DatabaseDown
-from gateway.errors import BudgetExceeded, ControlUnavailable
+from gateway.errors import BudgetExceeded, ControlUnavailable, RateLimited
 from gateway.fleet.budgeter import BUDGETS, Reservation
+from gateway.fleet.limiter import LIMITER
 from gateway.metrics import METRICS
-from gateway.state import API_KEY, BODY, RECEIVED_BODY, REQUEST_ID, RESERVATION, TENANT
+from gateway.state import ADMISSION, API_KEY, BODY, RECEIVED_BODY, REQUEST_ID, RESERVATION, TENANT
 
 # The gateway does not know a model's context length: a request that names no limit reserves
 # this many completion tokens (an answer longer than that is charged in full when it settles).
@@ -38,11 +40,26 @@ def reservation_tokens(body: dict[str, Any], received: bytes) -> int:
 
 async def reserve(request: web.Request) -> None:
     tenant, key = request[TENANT], request.get(API_KEY)
-    if not tenant.budgets.any and (key is None or not key.budgets.any):
+    budgets = tenant.budgets.any or (key is not None and key.budgets.any)
+    admission = request.get(ADMISSION)
+    per_minute = bool(tenant.limits.tokens_per_min) and admission is not None
+    if not budgets and not per_minute:
         return
     tokens = reservation_tokens(request[BODY], request.get(RECEIVED_BODY, b""))
+    if per_minute and admission is not None:
+        refusal = await request.app[LIMITER].hold(tenant, admission, tokens)
+        if refusal is not None:
+            metrics = request.app[METRICS]
+            metrics.child(metrics.limited, tenant.id, refusal.reason).inc()
+            raise RateLimited(
+                "this tenant's tokens per minute limit is reached; retry later",
+                refusal.retry_after_s,
+            )
+    if not budgets:
+        return
     try:
-        outcome = await request.app[BUDGETS].reserve(tenant, key, request[REQUEST_ID], tokens)
+        rid = f"{request[REQUEST_ID]}.{entropy.token_hex(6)}"  # a client may repeat its ids
+        outcome = await request.app[BUDGETS].reserve(tenant, key, rid, tokens)
     except DatabaseDown:
         metrics = request.app[METRICS]
         metrics.control_failures.labels("budget").inc()

@@ -2,8 +2,8 @@
 replica's `limits` in Redis): a token bucket for requests per second, one for tokens per minute,
 and the requests in flight; the one rule that admits, refuses and charges. Pure: no I/O.
 
-Invariant: both tables decide through `admit` and `charge` here and nowhere else, so a tenant's
-allowance is the same rule wherever it is held; a refusal says how long to wait.
+Invariant: both tables decide through `admit`, `hold` and `charge` here and nowhere else, so a
+tenant's allowance is the same rule wherever it is held; a refusal says how long to wait.
 """
 
 from __future__ import annotations
@@ -59,6 +59,21 @@ def admit(state: Allowance, limits: TenantLimits, now: float) -> tuple[Allowance
     if refusal is None:
         rps, flight = rps - 1.0, flight + 1
     return Allowance(rps, now, tpm, now, flight), refusal
+
+
+def hold(
+    state: Allowance, limits: TenantLimits, tokens: int, now: float
+) -> tuple[Allowance, Refusal | None]:
+    """Hold `tokens` of the tokens-per-minute bucket for an admitted request (its reservation),
+    refused while the bucket is empty, so concurrent requests overdraw it by at most one
+    reservation; `charge` later takes what the request used less what it held."""
+    if not limits.tokens_per_min:
+        return state, None
+    rate = limits.tokens_per_min / 60.0
+    tpm = _refill(state.tpm, state.tpm_at, now, rate, limits.tokens_per_min)
+    if tpm <= 0.0:
+        return replace(state, tpm=tpm, tpm_at=now), Refusal("tokens_per_min", -tpm / rate + 0.001)
+    return replace(state, tpm=tpm - tokens, tpm_at=now), None
 
 
 def charge(state: Allowance, tokens: int) -> Allowance:

@@ -68,9 +68,9 @@ class _Unsettled:
 def _subjects(tenant: Tenant, key: KeyInfo | None) -> list[tuple[str, str, TenantBudgets]]:
     out = []
     if tenant.budgets.any:
-        out.append(("tenant", f"t\0{tenant.id}", tenant.budgets))
+        out.append(("tenant", f"tenant:{tenant.id}", tenant.budgets))
     if key is not None and key.budgets.any:
-        out.append(("key", f"k\0{key.id}", key.budgets))
+        out.append(("key", f"key:{key.id}", key.budgets))
     return out
 
 

@@ -29,9 +29,10 @@ if TYPE_CHECKING:  # Redis is imported only when the policy has `gateway.shared`
 log = logging.getLogger("kvfence.gateway.shared")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Admission:
     token: str | None  # the Redis lease; None: taken from the local table
+    held: int = 0  # tokens held of the tokens-per-minute bucket (`hold`)
 
 
 class Limiter:
@@ -62,6 +63,22 @@ class Limiter:
         store.metrics.shared_fallbacks.labels("limits", "local").inc()
         return self.local.admit(tenant.id, tenant.limits) or Admission(None)
 
+    async def hold(self, tenant: Tenant, admission: Admission, tokens: int) -> Refusal | None:
+        """Hold `tokens` of the tenant's tokens-per-minute allowance for this admitted request,
+        in the table its admission came from; a refusal holds nothing."""
+        if not tenant.limits.tokens_per_min:
+            return None
+        if admission.token is None or self.shared is None:
+            refusal = self.local.hold(tenant.id, tenant.limits, tokens)
+        else:
+            try:
+                refusal = await self.shared.hold(tenant.id, tenant.limits, tokens)
+            except SharedUnavailable:  # counted and logged by the store; the lease covers it
+                refusal = self.local.hold(tenant.id, tenant.limits, tokens)
+        if refusal is None:
+            admission.held = tokens
+        return refusal
+
     def _refuse(self, store: SharedStore, what: str) -> None:
         store.metrics.shared_fallbacks.labels(what, "closed").inc()
         raise SharedStateUnavailable(
@@ -73,6 +90,8 @@ class Limiter:
     def release(self, tenant: Tenant, admission: Admission | None, tokens: int) -> None:
         """The request ended: free its in-flight slot and charge its tokens (without waiting
         for Redis: the call runs in the background, and its lease covers a lost one)."""
+        if admission is not None:
+            tokens -= admission.held  # what it held was taken when it was admitted
         if admission is None or admission.token is None or self.shared is None:
             self.local.release(tenant.id, tokens)
             return

@@ -130,6 +130,15 @@ class RedisLimits:
         refusal = await self.store.call("admit", self._change(tenant, step))
         return token, refusal
 
+    async def hold(self, tenant: str, limits: TenantLimits, tokens: int) -> Refusal | None:
+        """Hold a reservation of the tokens-per-minute bucket (`bucket.hold`)."""
+
+        def step(held: Held, now: float) -> tuple[Held, Refusal | None]:
+            allowance, refusal = bucket.hold(held.allowance, limits, tokens, now)
+            return replace(held, allowance=allowance), refusal
+
+        return await self.store.call("admit", self._change(tenant, step))
+
     async def release(self, tenant: str, token: str, tokens: int, limits: TenantLimits) -> None:
         """The request ended: its lease is given back and `tokens` charged."""
 

@@ -108,6 +108,20 @@ class SharedLimits:
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
+    def hold(self, tenant: str, limits: TenantLimits, tokens: int) -> Refusal | None:
+        """Hold a reservation of the tokens-per-minute bucket (`bucket.hold`)."""
+        now = time.time()
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            slot = self._slot(tenant)
+            name, rps, rps_t, tpm, flight, tpm_t = self._read(slot)
+            allowance = Allowance(rps, rps_t, tpm, tpm_t, flight)
+            state, refusal = bucket.hold(allowance, limits, tokens, now)
+            self._store(slot, name, state)
+            return refusal
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
     def release(self, tenant: str, tokens: int = 0, now: float | None = None) -> None:
         """The request ended: free its concurrency slot and charge the tokens it used."""
         fcntl.flock(self._fd, fcntl.LOCK_EX)

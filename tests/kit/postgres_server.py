@@ -112,7 +112,6 @@ class PostgresServer:
                        "-p", str(self.port), "-U", "kvfence", "-d", "kvfence", "-q",
                        "-v", "ON_ERROR_STOP=1", "-f", str(path))  # fmt: skip
 
-
     def remove(self) -> None:
         self.stop()
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -1,7 +1,7 @@
 """Token budgets per tenant and per registry key, over calendar periods: a budget spent is a 429
 `budget_exceeded` naming the period and when it renews, until then; other tenants and keys are
-untouched; counts are shared by workers (one state directory) and, with `gateway.shared`, by
-replicas (Redis), survive a restart, and a counter lowered in Redis does not widen a budget."""
+untouched; spend is kept in the control database, so workers (SQLite in one state directory) and
+replicas (PostgreSQL) share it, and no restart of a gateway or of Redis renews it."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import calendar
 from pathlib import Path
 
 import pytest
-import redis
 
-from gateway.fleet.local_budgets import LocalBudgets, window
-from gateway.fleet.local_registry import FileRegistry
+from gateway.control.offline import OfflineRegistry
+from gateway.fleet.windows import window
 from gateway.policy import registry as reg
 from gateway.policy.load import parse_policy
 from kvfence.apikey import key_digest, mint_key
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.kit.fleet_policies import fleet_policy_text, replica
 from tests.kit.gateway import ENV, PEPPER, Gateway, policy_text, run_gateway
+from tests.kit.postgres_server import PASSWORD, PostgresServer
 from tests.kit.redis_server import RedisServer
 
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
@@ -30,19 +30,6 @@ def test_windows_are_utc_calendar_periods() -> None:
     assert window("hour", now) == (now - 3570, now + 30)
     assert window("day", now) == (now - 86370, now + 30)
     assert window("month", now) == (calendar.timegm((2026, 12, 1, 0, 0, 0)), now + 30)
-
-
-def test_counts_renew_with_their_window_and_survive_a_reopen(tmp_path: Path) -> None:
-    path = tmp_path / "budgets.bin"
-    table = LocalBudgets(path)
-    now = calendar.timegm((2026, 12, 2, 10, 59, 0))
-    table.charge("t\0acme", 10, now)
-    assert table.charge("t\0acme", 5, now) == {"hour": 15, "day": 15, "month": 15}
-    table.close()
-    again = LocalBudgets(path)  # a restart: the month is not renewed by it
-    assert again.spent("t\0acme", now + 120) == {"hour": 0, "day": 15, "month": 15}
-    assert again.spent("t\0globex", now) == {"hour": 0, "day": 0, "month": 0}
-    again.close()
 
 
 async def status(gw: Gateway, tenant: str = "acme") -> tuple[int, str, str]:
@@ -93,7 +80,7 @@ async def test_a_registry_key_budget_holds_for_that_key_only(
         + "registry: true\n"
     )
     small, big = mint_key(), mint_key()
-    store = FileRegistry(tmp_path / "registry.json")
+    store = OfflineRegistry(state_dir=tmp_path, pepper=PEPPER.encode())
     for key, budgets in ((small, {"hour": 10}), (big, None)):
         digest = key_digest(PEPPER.encode(), key)
         store.update(
@@ -115,27 +102,36 @@ async def test_a_registry_key_budget_holds_for_that_key_only(
         await runner.cleanup()
 
 
-async def test_budgets_hold_across_replicas_and_a_lowered_counter_widens_nothing(
-    redis_server: RedisServer,
+async def test_budgets_hold_across_replicas_and_restarts_of_everything_but_the_database(
+    postgres_server: PostgresServer, redis_server: RedisServer, tmp_path: Path
 ) -> None:
     a = FakeUpstream()
     await a.start()
-    shared = f"  shared: {{redis: {{url: '{redis_server.url}', timeout_s: 0.5}}}}\n"
-    text = fleet_policy_text(replica("a", a.url), gateway=shared)
+    gateway = (
+        f"  shared: {{redis: {{url: '{redis_server.url}', timeout_s: 0.5}}}}\n"
+        f"  control: {{database: postgresql, url: '{postgres_server.url}',"
+        " password: {env: PGPW}}\n"
+    )
+    text = fleet_policy_text(replica("a", a.url), gateway=gateway)
     text = text.replace("id: acme, ", "id: acme, budgets: {day: 40}, ")
-    policy = parse_policy(text, "p.yaml", env=ENV)
-    gws = [await run_gateway(policy, a) for _ in range(2)]
-    (one, _), (two, _) = gws
+    policy = parse_policy(text, "p.yaml", env={**ENV, "PGPW": PASSWORD})
+    for n in ("s0", "s1", "n0", "n1"):
+        (tmp_path / n).mkdir()
+    gws = []
     try:
+        gws = [await run_gateway(policy, a, state_dir=tmp_path / f"s{n}") for n in range(2)]
+        (one, _), (two, _) = gws
         assert [(await status(gw))[0] for gw in (one, two, one)] == [200, 200, 200]  # 45 of 40
         assert (await status(two))[1] == "budget_exceeded"
-        client = redis.Redis.from_url(redis_server.url)
-        for name in client.scan_iter("kvf2:*"):
-            if client.type(name) == b"string":
-                client.delete(name)  # an attacker resets every counter
-        client.close()
-        assert (await status(one))[1] == "budget_exceeded"  # each replica remembers its count
-        assert (await status(two))[1] == "budget_exceeded"
+        for gw, runner in gws:
+            await gw.session.close()
+            await runner.cleanup()
+        redis_server.stop()  # Redis restarted empty, every gateway restarted on new state
+        redis_server.start()
+        gws = [await run_gateway(policy, a, state_dir=tmp_path / f"n{n}") for n in range(2)]
+        for gw, _ in gws:
+            assert (await status(gw))[1] == "budget_exceeded"
+        assert len(a.received) == 3
     finally:
         for gw, runner in gws:
             await gw.session.close()

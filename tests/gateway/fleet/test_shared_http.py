@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from functools import partial
 from pathlib import Path
 
 import pytest
 import redis
 
-from gateway.fleet.budgets import RedisBudgets
 from gateway.policy.model import HistorySettings
 from gateway.shared import SHARED
 from gateway.verify.history import Recorder
@@ -135,15 +133,12 @@ async def test_an_acl_user_reaches_a_redis_that_refuses_everyone_else(tmp_path: 
             store = gws[0].app[SHARED]
             assert store.up
             # Every table the fleet keeps works under the deployed rules: the detective's
-            # history (a script), token budgets, the tenant registry (a script).
+            # history (a script).
             history = SharedHistory(store, b"s" * 32, HistorySettings())
             who = Recorder(tenant=1, namespace=2)
             assert await history.record(who, [5, 6], nonce=7) == [False, False]
             found = await history.presence(who, [5, 6], 8, [False, False])
             assert all(p.own for p in found)
-            budgets = RedisBudgets(store)
-            await budgets.charge("acme", 10, time.time())
-            assert (await budgets.spent("acme", time.time()))["day"] == 10
             assert store.up
         with redis.Redis.from_url(server.url) as anyone, pytest.raises(redis.AuthenticationError):
             anyone.keys("*")
