@@ -26,6 +26,7 @@ from gateway.audit.chain.format import worker_path
 from gateway.audit.chain.lock import check_free
 from gateway.audit.chain.log import AuditWriteError
 from gateway.audit.trace import missing_support as missing_tracing
+from gateway.control.service import missing_support as missing_control
 from gateway.metrics import prepare_shared, share_values, worker_exited
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
@@ -231,7 +232,7 @@ def main(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("kvfence gateway: --workers must be at least 1", file=sys.stderr)
         return 2
-    if missing := missing_support(policy) or missing_tracing(policy):
+    if missing := missing_support(policy) or missing_tracing(policy) or missing_control(policy):
         print(f"kvfence gateway: refusing to start: {missing}", file=sys.stderr)
         return 2
     try:  # one line now, rather than one per worker later

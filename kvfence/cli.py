@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # checks each against pyproject.toml). A module shared by several extras names the command's own.
 EXTRA_OF_MODULE: dict[str, str] = {
     "redis": "redis",
+    "asyncpg": "postgres",
     "opentelemetry": "otel",
     "torch": "backend",
     "numpy": "backend",
