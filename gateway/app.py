@@ -24,7 +24,9 @@ from gateway.api.models import add_routes
 from gateway.api.receipts import add_receipt_routes
 from gateway.audit.sink import AUDIT_SINK, AuditSink, audit_sink_ctx
 from gateway.audit.trace import TRACES, Traces
-from gateway.control.service import open_control
+from gateway.control.engine import ControlUnavailable as DatabaseDown
+from gateway.control.service import CONTROL, open_control
+from gateway.control.store import Decision
 from gateway.errors import GatewayError, NotFound, Overloaded, error_response
 from gateway.filters.adapter import inject
 from gateway.filters.allowlist import allow_fields
@@ -37,6 +39,7 @@ from gateway.filters.public import split_public
 from gateway.filters.replica import pick_replica
 from gateway.filters.route import choose_route
 from gateway.filters.scrub import scrub_client_inputs
+from gateway.fleet import decisions
 from gateway.fleet.budgeter import BUDGETS, Budgeter
 from gateway.fleet.limiter import LIMITER, Limiter
 from gateway.fleet.local_health import HealthCollector
@@ -189,7 +192,10 @@ def _verify_ctx(temporary: bool) -> Callable[[web.Application], AsyncIterator[No
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         verification = app[VERIFY]
+        with contextlib.suppress(DatabaseDown):  # before the first request: no unquarantined start
+            await decisions.load(app[CONTROL], verification.health)
         tasks = [
+            asyncio.create_task(decisions.follow(app[CONTROL], verification.health)),
             asyncio.create_task(verification.health.watch()),
             asyncio.create_task(app[WATCH].run()),
             asyncio.create_task(app[LIVENESS].run(app)),
@@ -256,6 +262,10 @@ def create_app(
 
     async def record(entry: dict[str, Any]) -> None:
         await app[AUDIT_SINK].event(app[HOLDER].runtime.policy.gateway.audit_log, entry)
+        if entry.get("event") in ("quarantine", "release"):  # what must outlast every restart
+            quarantined = entry["event"] == "quarantine"
+            decision = Decision(entry["backend"], quarantined, entry["reason"], entry["time"])
+            await decisions.decide(control, app[VERIFY].health, decision)
 
     app[WATCH] = Watch(app[HOLDER], app[VERIFY], app[METRICS], lambda: app[SESSION], record)
     app[METRICS].add_collector(ReachCollector(app[WATCH].reach))

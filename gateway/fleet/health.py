@@ -57,7 +57,8 @@ class SharedHealthBoard(HealthBoard):
         self._claimer = os.urandom(8).hex().encode()
 
     def get(self, backend: str) -> Health:
-        return self._overlay.get(backend) or self.view.get(backend) or NEVER_CHECKED
+        held = self._overlay.get(backend) or self.view.get(backend) or NEVER_CHECKED
+        return self.floored(backend, held)
 
     def _field(self, name: str) -> str:
         return self.store.key("backend", name)
@@ -131,7 +132,7 @@ class SharedHealthBoard(HealthBoard):
                 try:
                     await pipe.watch(self._key)
                     found = self._open(name, as_bytes(await pipe.hget(self._key, field)))
-                    before = newest(self.view.get(name) or NEVER_CHECKED, found)
+                    before = self.floored(name, newest(self.view.get(name) or NEVER_CHECKED, found))
                     after = change(before)
                     after = stamped(before, after) if stamp else after
                     pipe.multi()  # type: ignore[no-untyped-call]

@@ -79,10 +79,26 @@ class HealthBoard:
         self._lock_path = path.with_name(path.name + ".lock")
         self._seen: tuple[int, int, int] | None = None
         self.view: dict[str, Health] = {}
+        # Per backend, its newest quarantine or release decision from the control database: a
+        # state older than it (a replayed value, a state folder lost) does not override it.
+        self.floor: dict[str, Health] = {}
         self._load()
 
     def get(self, backend: str) -> Health:
-        return self.view.get(backend) or NEVER_CHECKED
+        return self.floored(backend, self.view.get(backend) or NEVER_CHECKED)
+
+    def floored(self, backend: str, health: Health) -> Health:
+        floor = self.floor.get(backend) if self.floor else None
+        if floor is None or health.updated_at >= floor.updated_at:
+            return health
+        return dataclasses.replace(
+            health,
+            quarantined=floor.quarantined,
+            quarantine_reason=floor.quarantine_reason,
+            quarantined_at=floor.quarantined_at,
+            clean_streak=0 if floor.quarantined else health.clean_streak,
+            updated_at=floor.updated_at,
+        )
 
     def _load(self) -> None:
         """Blocking: re-read the file when it changed."""
@@ -116,7 +132,7 @@ class HealthBoard:
             fcntl.flock(fd, fcntl.LOCK_EX)
             self._seen = None
             self._load()
-            before = self.view.get(backend) or NEVER_CHECKED
+            before = self.floored(backend, self.view.get(backend) or NEVER_CHECKED)
             after = stamped(before, change(before)) if stamp else change(before)
             view = {**self.view, backend: after}
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
