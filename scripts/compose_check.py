@@ -1,5 +1,6 @@
 """What scripts/compose-check needs beyond bash: a compose file's header commands as a script,
-a throwaway copy of the checkout, the checks through a running stack, and the audit record count.
+a throwaway copy of the checkout, local stand-ins for public images Docker Hub cannot serve here,
+the checks through a running stack, and the audit record count.
 
 Standard library only: it runs with the host's python3 before any virtual environment exists.
 A header command is a comment line indented by three spaces (`#   CMD`); a command ending in `\\`
@@ -15,6 +16,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -32,6 +34,12 @@ TEXT = (
     "holiday traffic peak, and who owns the alerting rules after the reorganisation."
 )
 BURST, CONCURRENT = 12, 8  # the fleet policy's tenant limit: `concurrent: 8`
+# The fleet file as its header runs it, from the stack's root; its two gateways.
+FLEET = ["docker", "compose", "--env-file", ".env", "-f", "deploy/compose.fleet.yml"]
+GATEWAYS = ("gateway-a", "gateway-b")
+SETTLE_S = 120  # Redis back and both gateways ready again; a revocation seen by both
+# The registry keys the fleet header makes (.kvfence/compose/keys/NAME.json): kept, and revoked.
+HEADER_KEY, REVOKED_KEY = "team1", "team1-old"
 
 
 class CheckFailed(Exception):
@@ -84,6 +92,82 @@ def copy_tree(src: Path, dest: Path) -> int:
         target.chmod(source.stat().st_mode & 0o777)
         count += 1
     return count
+
+
+# Stand-ins: a build context (Dockerfile and files) per public image name, built FROM the local
+# base image (build argument BASE) with Debian's packages. Not the real images (Debian's
+# versions, not Alpine), but they take the same environment and paths the compose files use.
+_POSTGRES_DOCKERFILE = """\
+ARG BASE
+FROM ${BASE}
+RUN mkdir -p /etc/postgresql-common/createcluster.d \\
+ && echo 'create_main_cluster = false' > /etc/postgresql-common/createcluster.d/none.conf \\
+ && apt-get update -q \\
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \\
+      postgresql libnss-wrapper \\
+ && rm -rf /var/lib/apt/lists/* /etc/postgresql /var/lib/postgresql/* \\
+ && ln -s "$(ls -d /usr/lib/postgresql/* | sort -V | tail -n1)" /usr/lib/postgresql/current \\
+ && install -d -o postgres -g postgres -m 1777 /var/lib/postgresql/data \\
+ && install -d -o postgres -g postgres -m 3777 /var/run/postgresql
+COPY docker-entrypoint.sh /usr/local/bin/
+ENV PATH=/usr/lib/postgresql/current/bin:$PATH PGDATA=/var/lib/postgresql/data
+USER postgres
+EXPOSE 5432
+STOPSIGNAL SIGINT
+ENTRYPOINT ["docker-entrypoint.sh"]
+CMD ["postgres"]
+"""
+_POSTGRES_ENTRYPOINT = """\
+#!/bin/sh
+# The postgres image's contract: the first start makes a cluster in PGDATA owned by whoever runs
+# this (POSTGRES_USER, its password from POSTGRES_PASSWORD_FILE or POSTGRES_PASSWORD, and
+# POSTGRES_DB); network clients need the password (scram), the local socket is trusted.
+set -eu
+user=${POSTGRES_USER:-postgres}
+db=${POSTGRES_DB:-$user}
+if [ -n "${POSTGRES_PASSWORD_FILE:-}" ]; then POSTGRES_PASSWORD=$(cat "$POSTGRES_PASSWORD_FILE"); fi
+if ! getent passwd "$(id -u)" >/dev/null; then
+  # initdb wants a name for its uid, and the root file system may be read-only.
+  NSS_WRAPPER_PASSWD=$(mktemp) NSS_WRAPPER_GROUP=$(mktemp)
+  echo "postgres:x:$(id -u):$(id -g):PostgreSQL:$PGDATA:/bin/false" >"$NSS_WRAPPER_PASSWD"
+  echo "postgres:x:$(id -g):" >"$NSS_WRAPPER_GROUP"
+  LD_PRELOAD=$(ls /usr/lib/*/libnss_wrapper.so)
+  export NSS_WRAPPER_PASSWD NSS_WRAPPER_GROUP LD_PRELOAD
+fi
+if [ ! -s "$PGDATA/PG_VERSION" ]; then
+  if [ -z "${POSTGRES_PASSWORD:-}" ]; then
+    echo "set POSTGRES_PASSWORD_FILE (or POSTGRES_PASSWORD): no cluster without a password" >&2
+    exit 1
+  fi
+  mkdir -p "$PGDATA" && chmod 700 "$PGDATA"
+  pwfile=$(mktemp) && printf '%s\\n' "$POSTGRES_PASSWORD" >"$pwfile"
+  initdb -D "$PGDATA" -U "$user" --pwfile="$pwfile" -E UTF8 \\
+    --auth-local=trust --auth-host=scram-sha-256 >/dev/null
+  rm -f "$pwfile"
+  echo "listen_addresses = '*'" >>"$PGDATA/postgresql.conf"
+  echo "host all all all scram-sha-256" >>"$PGDATA/pg_hba.conf"
+  if [ "$db" != postgres ]; then
+    pg_ctl -D "$PGDATA" -o "-c listen_addresses=''" -w start >/dev/null
+    psql -v ON_ERROR_STOP=1 -U "$user" -d postgres -c "CREATE DATABASE \\"$db\\"" >/dev/null
+    pg_ctl -D "$PGDATA" -m fast -w stop >/dev/null
+  fi
+  echo "made the cluster in $PGDATA: user $user, database $db"
+fi
+exec "$@"
+"""
+STANDINS: dict[str, dict[str, str]] = {
+    "postgres": {"Dockerfile": _POSTGRES_DOCKERFILE, "docker-entrypoint.sh": _POSTGRES_ENTRYPOINT},
+}
+
+
+def write_standin(image: str, dest: Path) -> None:
+    """The build context of `image`'s stand-in in `dest`; CheckFailed when none is known."""
+    files = STANDINS.get(image.split(":", 1)[0])
+    if files is None:
+        raise CheckFailed(f"no stand-in known here for {image}")
+    for name, text in files.items():
+        (dest / name).write_text(text)
+        (dest / name).chmod(0o755 if name.endswith(".sh") else 0o644)
 
 
 def _call(
@@ -194,6 +278,96 @@ def check_shared_limit(url: str, key: str) -> int:
     return admitted
 
 
+# Asks one gateway directly, from inside its container (only the load balancer publishes a port):
+# the status of GET /v1/models with the key read from stdin, never from the command line.
+_MODELS_IN_GATEWAY = """\
+import sys, urllib.error, urllib.request
+key = sys.stdin.read().strip()
+request = urllib.request.Request("http://127.0.0.1:8080/v1/models",
+                                 headers={"Authorization": "Bearer " + key})
+try:
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        print(resp.status)
+except urllib.error.HTTPError as exc:
+    print(exc.code)
+"""
+
+
+def _compose(*args: str, stdin: str = "") -> str:
+    # A fixed argument list; docker from PATH, as the person or CI running the check has it.
+    done = subprocess.run(  # noqa: S603
+        [*FLEET, *args], input=stdin, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    if done.returncode != 0:
+        raise CheckFailed(f"`{shlex.join(['docker compose', *args])}`: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def _status_at(service: str, key: str) -> int:
+    out = _compose("exec", "-T", service, "python", "-c", _MODELS_IN_GATEWAY, stdin=key)
+    return int(out.splitlines()[-1]) if out else 0
+
+
+def _started_at(container: str) -> str:
+    inspect = ["docker", "inspect", "-f", "{{.State.StartedAt}}", container]
+    return subprocess.run(inspect, capture_output=True, text=True, check=True).stdout  # noqa: S603
+
+
+def _until(what: str, holds: Any) -> None:
+    """Polls `holds()` until true or SETTLE_S pass (a change takes a moment to reach both)."""
+    deadline = time.monotonic() + SETTLE_S
+    while not holds():
+        if time.monotonic() > deadline:
+            raise CheckFailed(f"not within {SETTLE_S} s: {what}")
+        time.sleep(1)
+    print(f"    ok: {what}", flush=True)
+
+
+def _keys_answer(keys: dict[str, tuple[str, int]], when: str) -> None:
+    """Each of `keys` (label -> key, the status expected) answers so on both gateways."""
+    for label, (key, expected) in keys.items():
+        for service in GATEWAYS:
+            _until(
+                f"{when}: {label} on {service}: {expected}",
+                lambda s=service, k=key, e=expected: _status_at(s, k) == e,
+            )
+
+
+def _ready(admins: list[str], token: str) -> bool:
+    for admin in admins:
+        status, _, body = _call(admin + "/status", token)
+        if status != 200 or body.get("ready") is not True:
+            return False
+        if (body.get("shared") or {}).get("up") is not True:
+            return False
+    return True
+
+
+def check_redis_restart(url: str, state: Path, admins: list[str], token: str) -> int:
+    """What must last is not in Redis: after Redis restarts empty, a registry key made before
+    still answers on both gateways, one revoked before stays 401 on both, and a tenant is
+    answered through the balancer. The keys are the ones the fleet header made and revoked
+    (HEADER_KEY, REVOKED_KEY). Returns the answers it caused (audit records)."""
+    made = {
+        name: json.loads((state / "keys" / f"{name}.json").read_text())["api_key"]
+        for name in (HEADER_KEY, REVOKED_KEY)
+    }
+    keys = {
+        f"the header's key {HEADER_KEY}": (made[HEADER_KEY], 200),
+        f"the key it revoked, {REVOKED_KEY}": (made[REVOKED_KEY], 401),
+    }
+    _keys_answer(keys, "before Redis restarts")
+    redis = _compose("ps", "-q", "redis")
+    before = _started_at(redis)
+    _compose("restart", "redis")
+    _expect(_started_at(redis) != before, "Redis restarted (its memory and tmpfs gone)")
+    _until("both gateways ready, Redis up again", lambda: _ready(admins, token))
+    _keys_answer(keys, "after Redis restarted empty")
+    acme = (state / "keys" / "acme").read_text().strip()
+    _answered(*_chat(url, acme, f"After the restart. {uuid.uuid4().hex}"), "acme, after")
+    return 1
+
+
 def probe(args: argparse.Namespace) -> int:
     state = Path(args.state)
     keys = {t: (state / "keys" / t).read_text().strip() for t in ("acme", "globex")}
@@ -203,6 +377,8 @@ def probe(args: argparse.Namespace) -> int:
         answered += check_shared_limit(args.url, keys["acme"])
     for admin in args.admin:
         check_admin(admin, token, args.fleet)
+    if args.fleet:
+        answered += check_redis_restart(args.url, state, args.admin, token)
     Path(args.answered).write_text(f"{answered}\n")
     return 0
 
@@ -239,6 +415,9 @@ def main(argv: list[str]) -> int:
     check.add_argument("--state", required=True, help="the stack's .kvfence/compose")
     check.add_argument("--fleet", action="store_true")
     check.add_argument("--answered", required=True, help="write the answers caused here")
+    standin = sub.add_parser("standin", help="write the build context of an image's stand-in")
+    standin.add_argument("image", help="NAME:TAG, e.g. postgres:17-alpine")
+    standin.add_argument("dest", type=Path, help="an empty folder")
     audit = sub.add_parser("audit", help="check `audit verify` outputs against the answers")
     audit.add_argument("--answered", required=True)
     audit.add_argument("logs", nargs="+")
@@ -250,8 +429,11 @@ def main(argv: list[str]) -> int:
         if args.action == "copy":
             print(f"{copy_tree(args.src, args.dest)} files")
             return 0
+        if args.action == "standin":
+            write_standin(args.image, args.dest)
+            return 0
         return probe(args) if args.action == "probe" else audit_records(args)
-    except (CheckFailed, OSError) as exc:
+    except (CheckFailed, OSError, subprocess.SubprocessError) as exc:
         print(f"FAILED: {exc}", file=sys.stderr)
         return 1
 

@@ -326,3 +326,121 @@ def test_the_fleet_check_bursts_past_the_limit_the_fleet_policy_sets() -> None:
     burst = limits.get("burst", limits["requests_per_s"])  # default: one second's requests
     assert burst >= CHECK.BURST + 4  # with the checks' requests just before it
     assert len(_fleet_gateways()) == 2
+
+
+def _fleet_execs() -> list[tuple[str, list[str], str]]:
+    """(service, ARGS, the command) of every `docker compose ... exec -T SERVICE kvfence ARGS`
+    of the fleet header; ARGS end where a redirection does."""
+    found = []
+    for command in HEADERS["fleet"]:
+        words = _words(command)
+        if "exec" not in words:
+            continue
+        at = words.index("exec")
+        assert words[at - 6 : at] == [
+            "docker", "compose", "--env-file", ".env", "-f", "deploy/compose.fleet.yml"
+        ], command  # fmt: skip
+        assert words[at + 1] == "-T" and words[at + 3] == TOOLS, "no TTY: its output is piped"
+        args = []
+        for word in words[at + 4 :]:
+            if word in {">", "|"}:
+                break
+            args.append(word.removesuffix(")"))
+        found.append((words[at + 2], args, command))
+    return found
+
+
+def test_the_fleet_headers_registry_commands_go_to_a_gateway_and_parse() -> None:
+    """`kvfence tenants|keys` run inside a gateway, on the policy it mounts, so they reach its
+    admin listener with its token; every one is a command the parser takes, and a file that
+    holds a key is made by a command under umask 077."""
+    execs = _fleet_execs()
+    actions = {tuple(args[:2]) for _, args, _ in execs}
+    assert {("tenants", "add"), ("keys", "new"), ("keys", "revoke")} <= actions
+    for service, args, command in execs:
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in _fleet_gateways()[service]["volumes"]}
+        assert Path(mounts[_option(args, "--policy")]).name == "fleet.yaml"
+        _parse_kvfence_args(args)
+        if ">" in _words(command):
+            assert command.startswith("(umask 077 && "), command
+
+
+def test_the_fleet_header_makes_each_password_only_the_containers_user_reads() -> None:
+    """Each secret the fleet file adds to docker-compose.yml's (Redis's, PostgreSQL's) is
+    made by the header under umask 077 and given to the containers' user."""
+    single = {s["file"].removeprefix("./") for s in COMPOSE["secrets"].values()}
+    added = {
+        os.path.normpath(Path("deploy") / s["file"]) for s in FLEET["secrets"].values()
+    } - single  # fmt: skip
+    assert {".kvfence/compose/redis_password", ".kvfence/compose/postgres_password"} <= added
+    for path in added:
+        [made] = [c for c in HEADERS["fleet"] if c.endswith(f"> {path})")]
+        assert made.startswith("(umask 077 && head -c 32 /dev/urandom")
+        [given] = [c for c in HEADERS["fleet"] if "chown" in c and c.endswith(path + ")")]
+        assert '. ./.env && chown "$KVFENCE_UID:$KVFENCE_GID"' in given
+
+
+def test_the_fleet_check_uses_the_keys_the_header_makes_and_revokes() -> None:
+    """scripts/compose-check restarts Redis and then tries the header's keys: the one it keeps
+    must answer, the one it revoked must not. Both are the files the header writes."""
+    written = {
+        _words(c)[-1].removesuffix(")"): args
+        for _, args, c in _fleet_execs()
+        if args[:2] == ["keys", "new"]
+    }
+    kept = f".kvfence/compose/keys/{CHECK.HEADER_KEY}.json"
+    revoked = f".kvfence/compose/keys/{CHECK.REVOKED_KEY}.json"
+    assert set(written) == {kept, revoked}
+    assert all("--json" in args for args in written.values())
+    [read_id] = [c for c in HEADERS["fleet"] if c.startswith("OLD_KEY_ID=")]
+    assert revoked in read_id
+    [revoke] = [args for _, args, _ in _fleet_execs() if args[:2] == ["keys", "revoke"]]
+    assert revoke[2] == "$OLD_KEY_ID"
+
+
+def test_the_header_reads_the_revoked_keys_id_from_what_keys_new_prints(tmp_path: Path) -> None:
+    """The id the header revokes is read out of `kvfence keys new --json`'s real output."""
+    from tests.kit.gateway import ENV, policy_text
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        policy_text("http://127.0.0.1:9").replace(
+            "admin: {host: 127.0.0.1, port: 0}",
+            f"admin: {{host: 127.0.0.1, port: 0}}\n  state_dir: {state}",
+        )
+        + "registry: true\n"
+    )
+    kvfence = [sys.executable, "-m", "kvfence.cli"]
+    env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT)}
+    for args in (["tenants", "add", "team1"], ["keys", "new", "--tenant", "team1", "--json"]):
+        done = subprocess.run(
+            [*kvfence, *args, "--policy", str(policy), "--offline"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    minted = json.loads(done.stdout)
+    [read_id] = [c for c in HEADERS["fleet"] if c.startswith("OLD_KEY_ID=")]
+    path = re.search(r"\.kvfence/compose/keys/\S+\.json", read_id)
+    assert path is not None
+    (tmp_path / path.group(0)).parent.mkdir(parents=True)
+    (tmp_path / path.group(0)).write_text(done.stdout)
+    out = _run([read_id, 'printf %s "$OLD_KEY_ID"'], tmp_path)
+    assert out == minted["id"] and out.startswith("key_")
+
+
+def test_the_postgres_stand_in_takes_what_the_fleet_file_gives_it(tmp_path: Path) -> None:
+    """The local image standing in for postgres:17-alpine reads the variables the fleet file
+    sets, and its entry point is valid sh; an image with no stand-in here is refused."""
+    postgres = FLEET["services"]["postgres"]
+    CHECK.write_standin(postgres["image"], tmp_path)
+    entrypoint = (tmp_path / "docker-entrypoint.sh").read_text()
+    assert subprocess.run(["sh", "-n", str(tmp_path / "docker-entrypoint.sh")]).returncode == 0
+    for variable in postgres["environment"]:
+        assert variable in entrypoint
+    dockerfile = (tmp_path / "Dockerfile").read_text()
+    assert "PGDATA=/var/lib/postgresql/data" in dockerfile and "EXPOSE 5432" in dockerfile
+    assert "scram-sha-256" in entrypoint
+    with pytest.raises(CHECK.CheckFailed):
+        CHECK.write_standin("mysql:8", tmp_path)
