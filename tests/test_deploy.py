@@ -6,7 +6,6 @@ describe the same fleet, its control plane in PostgreSQL."""
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,8 +17,7 @@ import pytest
 import yaml
 
 from gateway.policy.load import load_policy
-from gateway.policy.model import GatewaySettings, OnSharedFailure, Policy
-from gateway.policy.node import PolicyError
+from gateway.policy.model import OnSharedFailure, Policy
 from tests.kit.redis_server import GATEWAY_RULES, GATEWAY_USER
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,14 +29,6 @@ DOCS: list[dict[str, Any]] = [
 ]
 GATEWAY = {"app.kubernetes.io/name": "kvfence", "app.kubernetes.io/component": "gateway"}
 POSTGRES_DATA = "/var/lib/postgresql/data"
-# The fleet policies name `gateway.control` (PostgreSQL); a gateway that does not read that block
-# yet refuses them, and these tests say so until it does (strict: they fail once it reads it).
-needs_control = pytest.mark.xfail(
-    "control" not in {f.name for f in dataclasses.fields(GatewaySettings)},
-    reason="this gateway does not read gateway.control yet",
-    raises=PolicyError,
-    strict=True,
-)
 
 
 def of_kind(kind: str) -> list[dict[str, Any]]:
@@ -198,7 +188,6 @@ def _check_fleet(policy: Policy, urls: set[str], postgres: str) -> None:
     assert policy.registry is not None, "the fleet's registry lives in the database"
 
 
-@needs_control
 def test_the_configmap_policy_loads_and_names_the_services(tmp_path: Path) -> None:
     text = named("ConfigMap", "kvfence-policy")["data"]["policy.yaml"]
     policy = load_policy(_rebased(text, tmp_path))
@@ -209,13 +198,11 @@ def test_the_configmap_policy_loads_and_names_the_services(tmp_path: Path) -> No
     assert "kvfence-redis" in policy.gateway.shared.redis_url and "kvfence-redis" in services
 
 
-@needs_control
 def test_the_compose_fleet_policy_loads(tmp_path: Path) -> None:
     policy = load_policy(_rebased((ROOT / "policies" / "fleet.yaml").read_text(), tmp_path))
     _check_fleet(policy, {"http://backend-a:8000", "http://backend-b:8000"}, "postgres")
 
 
-@needs_control
 def test_each_compose_gateway_keeps_its_own_log_and_its_anchor_apart(tmp_path: Path) -> None:
     """Whoever rewrites a gateway's log cannot also roll back its anchor in the same folder,
     and two replicas never write one chain."""
