@@ -96,7 +96,8 @@ class PostgresServer:
         """A backup of the kvfence database (pg_dump's plain SQL)."""
         assert BIN is not None
         out = self._as_owner("env", f"PGPASSWORD={PASSWORD}", str(BIN / "pg_dump"), "-h",
-                             "127.0.0.1", "-p", str(self.port), "-U", "kvfence", "kvfence")  # fmt: skip
+                             "127.0.0.1", "-p", str(self.port), "-U", "kvfence",
+                             "kvfence")  # fmt: skip
         return out.stdout
 
     def restore(self, dump: str) -> None:
