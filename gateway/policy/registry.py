@@ -127,7 +127,7 @@ def _budgets(value: Any, source: str) -> TenantBudgets:
         return TenantBudgets()
     node = compose(orjson.dumps(value).decode(), source)
     budgets = guarded(lambda: read_budgets(node))
-    if budgets is None:
+    if budgets is None or node.errors.lines:
         raise ValueError("; ".join(node.errors.lines))
     return budgets
 

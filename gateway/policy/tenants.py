@@ -125,7 +125,7 @@ def read_registry_tenant(tid: str, record: object, served: set[str], base: Path)
     fields = {k: v for k, v in record.items() if k not in _BOOKKEEPING}
     node = compose(orjson.dumps({**fields, "id": tid, "api_keys": []}).decode(), source)
     tenant = guarded(lambda: _tenant(node, served, set(), set(), base))
-    if tenant is None:
+    if tenant is None or node.errors.lines:  # an unknown key is recorded without a bail
         raise PolicyError(node.errors.lines)
     return tenant
 
