@@ -24,7 +24,8 @@ from kvfence.apikey import TENANT_ID_RE, is_digest
 _F = frozenset
 _TENANT_REQ = _F({"id", "api_keys", "scope", "models"})
 _TENANT_OPT = _F({"scope_header", "limits", "cache", "public", "budgets", "receipts"})
-_BOOKKEEPING = _F({"added", "added_by"})  # a registry tenant's own fields beside the policy's
+# a registry tenant's own fields beside the policy's
+_BOOKKEEPING = _F({"added", "added_by", "changed", "changed_by"})
 _HEADER_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 
 
