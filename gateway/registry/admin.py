@@ -44,8 +44,8 @@ Handler = Callable[[web.Application, web.Request], Awaitable[web.StreamResponse]
 
 
 class SpendSource(Protocol):
-    """Tokens a budget subject (a tenant's is `t\0{tenant id}`) spent in the current `hour`,
-    `day` and `month` windows."""
+    """Tokens a budget subject (a tenant's: `t`, a NUL, its id, as the budgeter names it) spent
+    in the current `hour`, `day` and `month` windows."""
 
     async def spent(self, subject: str) -> dict[str, int]: ...
 
