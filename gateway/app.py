@@ -54,7 +54,7 @@ from gateway.policy.model import Policy
 from gateway.policy.reload import HOLDER, RELOADER, PolicyHolder, Reloader, reload_ctx
 from gateway.policy.runtime import Runtime
 from gateway.receipts.service import RECEIPTS, Receipts, receipts_ctx
-from gateway.registry.admin import open_registry
+from gateway.registry.admin import SPEND, open_registry
 from gateway.relay.session import SESSION, session_ctx
 from gateway.routing.failover import failover
 from gateway.routing.liveness import LIVENESS, Liveness, LivenessCollector, readyz
@@ -256,7 +256,7 @@ def create_app(
     app[LIMITS] = SharedLimits(state_dir / "limits.bin", generation or time.time())
     app[IN_FLIGHT] = InFlight()
     app[LIMITER] = Limiter(app[LIMITS], shared_limits)
-    app[BUDGETS] = Budgeter(control)
+    app[BUDGETS] = app[SPEND] = Budgeter(control)  # `kvfence tenants list` shows the spend
     app.cleanup_ctx.append(_budgets_ctx)
     app[REPLICAS] = Replicas()
 

@@ -15,7 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("gateway.cli", "run the gateway in front of the backends a policy names"),
     "policy": ("gateway.policy.cli", "check a policy file"),
     "keys": ("kvfence.keys_cli", "a tenant's API keys: new, list, revoke, expire"),
-    "tenants": ("gateway.registry.cli", "the tenant registry: add, list, remove"),
+    "tenants": ("gateway.registry.cli", "the tenant registry: add, set, list, remove"),
     "keygen": ("kvfence.keygen_cli", "create an Ed25519 key pair for handles or attestations"),
     "backend": ("backend.cli", "run the kvfence inference backend"),
     "audit": ("gateway.audit.cli", "verify a tamper-evident audit log"),

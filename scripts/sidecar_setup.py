@@ -4,7 +4,9 @@ in the registry (state/registry.json), so every run keeps every tenant there, wh
 (`kvfence tenants add`, an earlier run's `--tenant`): a run adds the tenants it is asked for
 (acme, globex and each `--tenant NAME`) that are missing, each with a key in keys/NAME, and
 removes none. The policy is rewritten each run, so the ports given on the command line are the
-only ones used. `--block-size` without a value asks the running vLLM for its KV block size."""
+only ones used, but its namespace keys are the previous policy's: a rotation (`--rotate-namespace-
+key`, or an edit of `namespace_keys`) stays. `--block-size` without a value asks the running vLLM
+for its KV block size."""
 
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from gateway.control.offline import OfflineRegistry
 from gateway.policy import registry as reg
@@ -24,6 +29,13 @@ from kvfence.apikey import TENANT_ID_RE, key_digest, mint_key
 
 TENANTS = ("acme", "globex")
 SECRETS = ("namespace-key", "pepper", "audit-key", "admin-token")
+FIRST_KEY: dict[str, Any] = {
+    "id": "ns1",
+    "secret": {"file": "secrets/namespace-key"},
+    "active": True,
+}
+# The `namespace_keys:` line, and the rest of a block list under it.
+_KEYS_RE = re.compile(r"^  namespace_keys:.*\n(?:   .*\n|  - .*\n)*", re.M)
 _BLOCK_RE = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
 
 
@@ -43,18 +55,86 @@ def server_block_size(vllm_url: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def _flow(value: object) -> str:
+    """`value` as one line of YAML (flow style, every scalar as JSON)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {_flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def kept_namespace_keys(state: Path) -> list[Any]:
+    """The namespace keys of the policy an earlier run wrote (as rotated since), or the first
+    key when there is none: never a new key by accident, which would make every cache cold."""
+    try:
+        doc = yaml.safe_load((state / "policy.yaml").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return [FIRST_KEY]
+    except (OSError, yaml.YAMLError) as exc:
+        raise SystemExit(f"scripts/sidecar: cannot read {state / 'policy.yaml'}: {exc}") from None
+    gateway = doc.get("gateway") if isinstance(doc, dict) else None
+    keys = gateway.get("namespace_keys") if isinstance(gateway, dict) else None
+    return keys if isinstance(keys, list) and keys else [FIRST_KEY]
+
+
+def with_namespace_keys(text: str, keys: list[Any]) -> str:
+    """A policy's text with its `namespace_keys` (one line, or a block) replaced by `keys`."""
+    line = f"  namespace_keys: {_flow(keys)}\n"
+    changed, count = _KEYS_RE.subn(lambda _: line, text, count=1)
+    if count != 1:
+        raise SystemExit("scripts/sidecar: the policy has no gateway.namespace_keys to change")
+    return changed
+
+
+def rotate_namespace_key(state: Path) -> str:
+    """A new namespace key, made the active one in the policy; the others stay, inactive (they
+    still name the namespaces of older audit records). Returns the new key's id."""
+    if not (state / "policy.yaml").exists():
+        raise SystemExit("scripts/sidecar: nothing set up yet; run scripts/sidecar")
+    keys = kept_namespace_keys(state)
+    ids = {str(k.get("id")) for k in keys if isinstance(k, dict)}
+    number = len(keys) + 1
+    while f"ns{number}" in ids:
+        number += 1
+    new = f"ns{number}"
+    secret = state / "secrets" / f"namespace-key-{new}"
+    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never overwrite a key
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_urlsafe(32))
+    old = [{**k, "active": False} if isinstance(k, dict) else k for k in keys]
+    rotated = [*old, {"id": new, "secret": {"file": f"secrets/{secret.name}"}, "active": True}]
+    text = (state / "policy.yaml").read_text(encoding="utf-8")
+    _replace(state / "policy.yaml", with_namespace_keys(text, rotated))
+    return new
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `path` whole at once: a gateway watching it never reads half a policy."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
 def policy(
-    vllm_url: str, model: str, port: int, admin: int, block: int, tokenizer: Path | None = None
+    vllm_url: str,
+    model: str,
+    port: int,
+    admin: int,
+    block: int,
+    tokenizer: Path | None = None,
+    keys: list[Any] | None = None,
 ) -> str:
     exact = f"tokenizer: {json.dumps(str(tokenizer))}, " if tokenizer else ""
     return f"""# Written by scripts/sidecar on every run: change its options, not this file.
 # Tenants and keys are in the registry (state/registry.json): kvfence tenants, kvfence keys.
+# namespace_keys stays across runs: scripts/sidecar rotate-namespace-key adds an active one.
 version: 1
 gateway:
   listen: {{host: 127.0.0.1, port: {port}}}
   admin: {{host: 127.0.0.1, port: {admin}, token: {{file: secrets/admin-token}}}}
   state_dir: state
-  namespace_keys: [{{id: ns1, secret: {{file: secrets/namespace-key}}, active: true}}]
+  namespace_keys: {_flow(keys or [FIRST_KEY])}
   api_key_pepper: {{file: secrets/pepper}}
   audit_log:
     path: audit/audit.jsonl
@@ -122,17 +202,32 @@ def ensure_tenants(state: Path, model: str, wanted: list[str], pepper: bytes) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("state", type=Path)
-    parser.add_argument("--vllm-url", required=True)
+    parser.add_argument("--vllm-url")
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--admin-port", type=int, required=True)
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--admin-port", type=int)
     parser.add_argument("--block-size", type=int, help="vLLM's KV block size (default: asked)")
     parser.add_argument(
         "--tokenizer", type=Path, help="the model's Hugging Face folder (exact fingerprints)"
     )
     parser.add_argument("--tenant", action="append", default=[], help="a tenant to keep (repeat)")
+    parser.add_argument(
+        "--rotate-namespace-key",
+        action="store_true",
+        help="only this: add a new active namespace key to the policy, keeping the old ones",
+    )
     args = parser.parse_args()
     state: Path = args.state
+    if args.rotate_namespace_key:
+        new = rotate_namespace_key(state)
+        print(f"==> namespace key {new} is active ({state / 'secrets' / f'namespace-key-{new}'}); "
+              "the older ones stay, inactive, for kvfence audit tenants")  # fmt: skip
+        print("==> every namespace changed: each tenant's cache starts cold (a running sidecar "
+              "reloads its policy within seconds)")  # fmt: skip
+        return 0
+    missing = [o for o in ("vllm_url", "port", "admin_port") if getattr(args, o) is None]
+    if missing:
+        parser.error(f"--{missing[0].replace('_', '-')} is required")
     for bad in (t for t in args.tenant if not TENANT_ID_RE.fullmatch(t)):
         print(f"scripts/sidecar: --tenant {bad!r}: use 1-64 of A-Z a-z 0-9 . _ -", file=sys.stderr)
         return 2
@@ -152,8 +247,11 @@ def main() -> int:
     pepper = (state / "secrets" / "pepper").read_bytes().rstrip(b"\r\n")
     wanted = list(dict.fromkeys([*TENANTS, *args.tenant]))
     added = ensure_tenants(state, args.model, wanted, pepper)
-    text = policy(args.vllm_url, args.model, args.port, args.admin_port, block, args.tokenizer)
-    (state / "policy.yaml").write_text(text)
+    keys = kept_namespace_keys(state)
+    text = policy(
+        args.vllm_url, args.model, args.port, args.admin_port, block, args.tokenizer, keys
+    )
+    _replace(state / "policy.yaml", text)
     for tenant in added:
         print(f"==> tenant {tenant} added, its key in {state / 'keys' / tenant}")
     print(f"==> the detective audit counts vLLM's KV blocks of {block} tokens")

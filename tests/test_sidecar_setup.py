@@ -99,3 +99,49 @@ def test_keys_of_a_setup_from_before_the_registry_keep_working(tmp_path: Path) -
         assert found is not None and found.id == tenant
         assert (state / "keys" / tenant).read_text().strip() == key
     assert not (state / "keys.json").exists()
+
+
+def namespace_keys(state: Path) -> dict[str, tuple[bytes, bool]]:
+    policy = load_policy(state / "policy.yaml")
+    return {k.id: (k.secret.value, k.active) for k in policy.gateway.namespace_keys}
+
+
+def test_a_rotated_namespace_key_stays_across_runs(tmp_path: Path) -> None:
+    state = tmp_path / "sidecar"
+    assert setup(state, "http://127.0.0.1:9", "--block-size", "128").returncode == 0
+    first = namespace_keys(state)
+    assert list(first) == ["ns1"] and first["ns1"][1]
+
+    rotate = [sys.executable, "scripts/sidecar_setup.py", str(state), "--rotate-namespace-key"]
+    done = subprocess.run(rotate, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "namespace key ns2 is active" in done.stdout and "starts cold" in done.stdout
+    rotated = namespace_keys(state)
+    assert rotated["ns1"] == (first["ns1"][0], False)  # the old key kept, for verification
+    assert rotated["ns2"][1] and rotated["ns2"][0] != first["ns1"][0]
+    assert oct((state / "secrets" / "namespace-key-ns2").stat().st_mode & 0o777) == "0o600"
+
+    for _ in range(2):  # later runs, other ports: the rotation and both secrets stay
+        again = setup(state, "http://127.0.0.1:9", "--block-size", "16", "--tenant", "team5")
+        assert again.returncode == 0, again.stderr
+        assert namespace_keys(state) == rotated
+        assert load_policy(state / "policy.yaml").gateway.active_key.id == "ns2"
+    assert "block_size: 16" in (state / "policy.yaml").read_text()
+
+
+def test_namespace_keys_rotated_by_hand_stay_across_runs(tmp_path: Path) -> None:
+    state = tmp_path / "sidecar"
+    assert setup(state, "http://127.0.0.1:9", "--block-size", "128").returncode == 0
+    (state / "secrets" / "ns-new").write_text("n" * 44)
+    (state / "secrets" / "ns-new").chmod(0o600)
+    text = (state / "policy.yaml").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("  namespace_keys:"))
+    edited = text.replace(line, "  namespace_keys:\n"
+                          "    - {id: ns1, secret: {file: secrets/namespace-key}}\n"
+                          "    - id: fresh\n      secret: {file: secrets/ns-new}\n"
+                          "      active: true")  # fmt: skip
+    (state / "policy.yaml").write_text(edited)
+    before = namespace_keys(state)
+    assert setup(state, "http://127.0.0.1:9", "--block-size", "128").returncode == 0
+    assert namespace_keys(state) == before and before["fresh"] == (b"n" * 44, True)

@@ -40,7 +40,7 @@ class Listen:
 class NamespaceKeySpec:
     id: str
     secret: Secret
-    active: bool
+    active: bool = False  # the loader reads `active` as optional: an old key omits it
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,10 @@ FORMAT: Final = 1
 KEY_ID_PREFIX: Final = "key_"
 LABEL_MAX: Final = 64
 Document = dict[str, Any]
+_CHANGES: Final = frozenset(
+    {"models", "scope", "scope_header", "limits", "budgets", "clear_limits", "clear_budgets",
+     "changed_by"}
+)  # fmt: skip
 
 
 class RegistryError(Exception):
@@ -127,7 +131,7 @@ def _budgets(value: Any, source: str) -> TenantBudgets:
         return TenantBudgets()
     node = compose(orjson.dumps(value).decode(), source)
     budgets = guarded(lambda: read_budgets(node))
-    if budgets is None:
+    if budgets is None or node.errors.lines:
         raise ValueError("; ".join(node.errors.lines))
     return budgets
 
@@ -202,6 +206,56 @@ def remove_tenant(doc: Document, tid: str, policy_ids: Iterable[str]) -> Documen
     for kid in gone:
         del doc["keys"][kid]
     return {"id": tid, "keys_removed": len(gone)}
+
+
+def set_tenant(
+    doc: Document,
+    tid: str,
+    changes: Mapping[str, Any],
+    policy_ids: Iterable[str],
+    *,
+    check: Callable[[str, Document], object],
+) -> Document:
+    """Change a registry tenant: `models`, `scope` and `scope_header` (empty: removed) replace
+    theirs; `limits` and `budgets` merge name by name (0 removes one) after `clear_limits` and
+    `clear_budgets` empty them; `changed_by` is recorded with the time. `check(tid, record)`
+    reads the changed record (the tenant reader) and raises what it refuses, before the
+    document is touched."""
+    if tid in set(policy_ids) and tid not in doc["tenants"]:
+        raise RegistryError(f"tenant {tid} is defined in the policy file: change it there")
+    if tid not in doc["tenants"]:
+        raise RegistryError(f"no tenant {tid} in the registry (kvfence tenants list)")
+    unknown = set(changes) - _CHANGES
+    if unknown:
+        raise RegistryError(f"cannot change {', '.join(sorted(unknown))} of a tenant")
+    if not set(changes) - {"changed_by"}:
+        raise RegistryError("nothing to change: give --model, --scope, --limit or --budget")
+    if "models" in changes and not changes["models"]:
+        raise RegistryError("a tenant needs at least one model")
+    entry: Document = {**doc["tenants"][tid]}
+    for name in ("models", "scope", "scope_header"):
+        if changes.get(name):
+            entry[name] = changes[name]
+        elif name == "scope_header" and name in changes:
+            entry.pop(name, None)
+    for name in ("limits", "budgets"):
+        given = changes.get(name) or {}
+        if not isinstance(given, dict):
+            raise RegistryError(f"{name} must be a mapping of names to numbers")
+        merged = {} if changes.get(f"clear_{name}") else dict(entry.get(name) or {})
+        merged |= given
+        merged = {k: v for k, v in merged.items() if v != 0}
+        if merged:
+            entry[name] = merged
+        else:
+            entry.pop(name, None)
+    entry["changed"] = round(time.time(), 3)
+    entry.pop("changed_by", None)
+    if changes.get("changed_by"):
+        entry["changed_by"] = str(changes["changed_by"])[:LABEL_MAX]
+    check(tid, entry)
+    doc["tenants"][tid] = entry
+    return {"id": tid, **entry}
 
 
 def new_key(

@@ -1,6 +1,6 @@
-"""What the admin listener and the offline CLI both do with the registry: build a new tenant's
-record (checked by the policy's tenant reader before it is stored), mint a key's record, and
-list tenants and keys (the policy file's and the registry's together).
+"""What the admin listener and the offline CLI both do with the registry: build a new or changed
+tenant's record (checked by the policy's tenant reader before it is stored), and list tenants
+(with their spend, where known) and keys (the policy file's and the registry's together).
 
 Invariant: a record is stored only after it reads as a valid tenant against the policy in
 force; a listing never shows a key or a digest, only key ids.
@@ -39,11 +39,17 @@ def tenant_record(policy: Policy, spec: Mapping[str, Any]) -> Document:
     for name in ("scope_header", "limits", "budgets", "added_by"):
         if spec.get(name):
             record[name] = spec[name]
+    check_record(policy, spec["id"], record)
+    return {"id": spec["id"], **record}
+
+
+def check_record(policy: Policy, tid: str, record: Document) -> Tenant:
+    """`record` read as registry tenant `tid` against `policy`, or RegistryError with what the
+    policy's tenant reader refuses, in one line."""
     try:
-        read_registry_tenant(spec["id"], record, set(served(policy)), Path(policy.source).parent)
+        return read_registry_tenant(tid, record, set(served(policy)), Path(policy.source).parent)
     except PolicyError as exc:
         raise RegistryError("; ".join(e.split(": ", 1)[-1] for e in exc.errors)) from None
-    return {"id": spec["id"], **record}
 
 
 def _tenant_json(tenant: Tenant, source: str, keys: int, added: Any = None) -> Document:
@@ -62,7 +68,15 @@ def _tenant_json(tenant: Tenant, source: str, keys: int, added: Any = None) -> D
     return out
 
 
-def tenants_view(policy: Policy, registry: Registry, doc: Document, now: float) -> Document:
+def tenants_view(
+    policy: Policy,
+    registry: Registry,
+    doc: Document,
+    now: float,
+    spend: Mapping[str, Mapping[str, int]] | None = None,
+) -> Document:
+    """Every tenant with its active keys; with `spend` (tenant id -> tokens spent in the
+    current hour, day and month), each tenant that has an entry in it gets `spent`."""
     active: dict[str, int] = {}
     for key in registry.keys:
         if key.state(now) == "active":
@@ -73,10 +87,23 @@ def tenants_view(policy: Policy, registry: Registry, doc: Document, now: float) 
     for tenant in registry.tenants:
         record = doc["tenants"].get(tenant.id, {})
         row = _tenant_json(tenant, "registry", active.get(tenant.id, 0), record.get("added"))
-        if record.get("added_by"):
-            row["added_by"] = record["added_by"]
+        for name in ("added_by", "changed", "changed_by"):
+            if record.get(name):
+                row[name] = record[name]
         rows.append(row)
+    for row in rows:
+        if spend is not None and row["id"] in spend:
+            row["spent"] = {p: int(spend[row["id"]].get(p, 0)) for p in PERIODS}
     return {"version": registry.version, "tenants": rows, "problems": list(registry.problems)}
+
+
+def spent_text(row: Mapping[str, Any]) -> str:
+    """A listed tenant's spend against its budgets (`day=1234/100000`), `-` when its spend is
+    not known or it has no budget."""
+    spent, budgets = row.get("spent"), row.get("budgets") or {}
+    if spent is None or not budgets:
+        return "-"
+    return ",".join(f"{p}={spent.get(p, 0)}/{budgets[p]}" for p in PERIODS if p in budgets)
 
 
 def _key_json(key: KeyInfo, now: float) -> Document:
@@ -112,12 +139,13 @@ def tenant_ids(policy: Policy, doc: Document) -> set[str]:
     return {t.id for t in policy.tenants} | set(doc["tenants"])
 
 
-def parse_budgets(items: Sequence[str]) -> dict[str, int]:
-    """`PERIOD=TOKENS` options (`day=1000000`) as a budgets mapping."""
+def parse_budgets(items: Sequence[str], removable: bool = False) -> dict[str, int]:
+    """`PERIOD=TOKENS` options (`day=1000000`) as a budgets mapping (`removable`: `day=0` too,
+    which removes that budget)."""
     out: dict[str, int] = {}
     for item in items:
         period, _, amount = item.partition("=")
-        if period not in PERIODS or not amount.isdigit() or int(amount) < 1:
+        if period not in PERIODS or not amount.isdigit() or int(amount) < (0 if removable else 1):
             raise RegistryError(
                 f"--budget {item}: use PERIOD=TOKENS, PERIOD one of hour, day, month"
             )

@@ -24,7 +24,8 @@ from kvfence.apikey import TENANT_ID_RE, is_digest
 _F = frozenset
 _TENANT_REQ = _F({"id", "api_keys", "scope", "models"})
 _TENANT_OPT = _F({"scope_header", "limits", "cache", "public", "budgets", "receipts"})
-_BOOKKEEPING = _F({"added", "added_by"})  # a registry tenant's own fields beside the policy's
+# a registry tenant's own fields beside the policy's
+_BOOKKEEPING = _F({"added", "added_by", "changed", "changed_by"})
 _HEADER_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 
 
@@ -125,7 +126,7 @@ def read_registry_tenant(tid: str, record: object, served: set[str], base: Path)
     fields = {k: v for k, v in record.items() if k not in _BOOKKEEPING}
     node = compose(orjson.dumps({**fields, "id": tid, "api_keys": []}).decode(), source)
     tenant = guarded(lambda: _tenant(node, served, set(), set(), base))
-    if tenant is None:
+    if tenant is None or node.errors.lines:  # an unknown key is recorded without a bail
         raise PolicyError(node.errors.lines)
     return tenant
 

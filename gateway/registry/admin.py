@@ -1,6 +1,7 @@
 """The tenant registry for one gateway app (its store, and the watch that keeps every worker on
 its current document), where the token budgets count, and the registry's routes on the admin
-listener: `GET /tenants`, `POST /tenants`, `POST /tenants/{id}/remove`, `GET /keys`, `POST /keys`
+listener: `GET /tenants` (with each tenant's spend when the app has a `SPEND` source),
+`POST /tenants`, `POST /tenants/{id}/set`, `POST /tenants/{id}/remove`, `GET /keys`, `POST /keys`
 (a new key, shown once in the answer), `POST /keys/{id}/revoke`, `POST /keys/{id}/expire`.
 
 Invariant: every registry route needs the admin token, reads included (they name tenants); a new
@@ -14,7 +15,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -31,11 +32,27 @@ from gateway.metrics import METRICS
 from gateway.policy import registry as reg
 from gateway.policy.model import Policy
 from gateway.policy.registry import RegistryError
-from gateway.policy.registry_view import keys_view, tenant_ids, tenant_record, tenants_view
+from gateway.policy.registry_view import (
+    check_record,
+    keys_view,
+    tenant_ids,
+    tenant_record,
+    tenants_view,
+)
 from gateway.policy.reload import HOLDER
 from kvfence.apikey import key_digest, mint_key
 
 Handler = Callable[[web.Application, web.Request], Awaitable[web.StreamResponse]]
+
+
+class SpendSource(Protocol):
+    """Tokens a budget subject (`tenant:ID`, as the budgeter names it) spent in the current
+    `hour`, `day` and `month` windows."""
+
+    async def spent(self, subject: str) -> dict[str, int]: ...
+
+
+SPEND = web.AppKey("kvfence_spend", SpendSource)  # absent: `GET /tenants` shows no spend
 
 
 def open_registry(app: web.Application, policy: Policy, state_dir: Path) -> None:
@@ -132,7 +149,12 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 async def list_tenants(gateway: web.Application, request: web.Request) -> web.Response:
     runtime, doc = gateway[HOLDER].runtime, gateway[HOLDER].registry or reg.empty_document()
-    return _json(tenants_view(runtime.policy, runtime.registry, doc, time.time()))
+    spend = None
+    if SPEND in gateway:
+        source = gateway[SPEND]
+        ids = [t.id for t in (*runtime.policy.tenants, *runtime.registry.tenants)]
+        spend = {tid: await source.spent(f"tenant:{tid}") for tid in ids}
+    return _json(tenants_view(runtime.policy, runtime.registry, doc, time.time(), spend))
 
 
 async def add_tenant(gateway: web.Application, request: web.Request) -> web.Response:
@@ -141,6 +163,18 @@ async def add_tenant(gateway: web.Application, request: web.Request) -> web.Resp
     ids = [t.id for t in policy.tenants]
     added = await gateway[REGISTRY].update(lambda doc: reg.add_tenant(doc, record, ids))
     return _json({"added": added})
+
+
+async def set_tenant(gateway: web.Application, request: web.Request) -> web.Response:
+    policy = gateway[HOLDER].runtime.policy
+    changes = await _body(request)
+    ids = [t.id for t in policy.tenants]
+    tid = request.match_info["tenant"]
+
+    def change(doc: reg.Document) -> reg.Document:
+        return reg.set_tenant(doc, tid, changes, ids, check=lambda t, r: check_record(policy, t, r))
+
+    return _json({"changed": await gateway[REGISTRY].update(change)})
 
 
 async def remove_tenant(gateway: web.Application, request: web.Request) -> web.Response:
@@ -199,6 +233,7 @@ async def expire_key(gateway: web.Application, request: web.Request) -> web.Resp
 def add_routes(admin: web.Application, gateway: web.Application) -> None:
     admin.router.add_get("/tenants", _guarded(gateway, list_tenants))
     admin.router.add_post("/tenants", _guarded(gateway, add_tenant))
+    admin.router.add_post("/tenants/{tenant}/set", _guarded(gateway, set_tenant))
     admin.router.add_post("/tenants/{tenant}/remove", _guarded(gateway, remove_tenant))
     admin.router.add_get("/keys", _guarded(gateway, list_keys))
     admin.router.add_post("/keys", _guarded(gateway, new_key))

@@ -1,4 +1,4 @@
-"""`kvfence tenants add|list|remove` and the registry actions of `kvfence keys` (new with a
+"""`kvfence tenants add|set|list|remove` and the registry actions of `kvfence keys` (new with a
 registry, list, revoke, expire): against a running gateway through its admin listener, or
 offline against the registry file (`gateway.registry.client`). Exit 0 done, 2 refused."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from gateway.policy.node import PolicyError
 from gateway.policy.registry import RegistryError
-from gateway.policy.registry_view import parse_budgets, parse_expiry, parse_limits
+from gateway.policy.registry_view import parse_budgets, parse_expiry, parse_limits, spent_text
 from gateway.registry.client import (
     Target,
     add_target_options,
@@ -23,6 +23,7 @@ from gateway.registry.client import (
     offline_new_key,
     offline_remove,
     offline_revoke,
+    offline_set,
     offline_tenants,
     run,
     table,
@@ -45,6 +46,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
                      help="tokens per hour, day or month (repeat)")  # fmt: skip
     add.add_argument("--added-by", help="who adds it (shown by list; scripts name themselves)")
     add_target_options(add)
+    change = sub.add_parser("set", help="change a registry tenant's scope, models, limits, "
+                            "budgets (every worker, within a second)")  # fmt: skip
+    change.add_argument("tenant")
+    change.add_argument("--model", action="append", default=[],
+                        help="a model it may use (repeat; replaces the list)")  # fmt: skip
+    change.add_argument("--scope", choices=("tenant", "user", "session", "request"))
+    change.add_argument("--scope-header", help="header carrying the user or session id ('': none)")
+    change.add_argument("--limit", action="append", default=[], metavar="NAME=N",
+                        help="set one limit (repeat; NAME=0 removes it)")  # fmt: skip
+    change.add_argument("--clear-limits", action="store_true", help="remove every limit first")
+    change.add_argument("--budget", action="append", default=[], metavar="PERIOD=TOKENS",
+                        help="set one budget (repeat; PERIOD=0 removes it)")  # fmt: skip
+    change.add_argument("--no-budgets", action="store_true", help="remove every budget first")
+    change.add_argument("--changed-by", help="who changes it (shown by list --json)")
+    add_target_options(change)
     listing = sub.add_parser("list", help="every tenant: the policy file's and the registry's")
     add_target_options(listing)
     remove = sub.add_parser("remove", help="remove a registry tenant and its keys")
@@ -64,6 +80,11 @@ def main(args: argparse.Namespace) -> int:
             out = run(t, lambda t: t.call("POST", "/tenants", spec),
                       lambda p, f: offline_add(p, f, spec))  # fmt: skip
             return _print(args, t, out)
+        if args.action == "set":
+            changes = _changes(args)
+            out = run(t, lambda t: t.call("POST", f"/tenants/{args.tenant}/set", changes),
+                      lambda p, f: offline_set(p, f, args.tenant, changes))  # fmt: skip
+            return _print(args, t, out)
         out = run(t, lambda t: t.call("POST", f"/tenants/{args.tenant}/remove"),
                   lambda p, f: offline_remove(p, f, args.tenant))  # fmt: skip
         return _print(args, t, out)
@@ -71,19 +92,34 @@ def main(args: argparse.Namespace) -> int:
         return fail("tenants", exc)
 
 
+def _changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The options given to `tenants set`, and only those (what is not given stays)."""
+    given: dict[str, Any] = {"models": args.model, "scope": args.scope,
+                             "limits": parse_limits(args.limit),
+                             "budgets": parse_budgets(args.budget, removable=True),
+                             "clear_limits": args.clear_limits,
+                             "clear_budgets": args.no_budgets}  # fmt: skip
+    changes = {k: v for k, v in given.items() if v not in (None, [], {}, False)}
+    if args.scope_header is not None:
+        changes["scope_header"] = args.scope_header or None
+    if args.changed_by:
+        changes["changed_by"] = args.changed_by
+    return changes
+
+
 def _print(args: argparse.Namespace, t: Target, out: Any) -> int:
     if args.json:
         print(_dumps(out))
         return 0
     if "tenants" in out:
-        rows = [["TENANT", "SOURCE", "SCOPE", "MODELS", "KEYS", "BUDGETS", "ADDED"]]
+        rows = [["TENANT", "SOURCE", "SCOPE", "MODELS", "KEYS", "BUDGETS", "SPENT", "ADDED"]]
         for r in out["tenants"]:
             budgets = ",".join(f"{k}={v}" for k, v in r.get("budgets", {}).items()) or "-"
             added = when(r["added"]) if r.get("added") else "-"
             if r.get("added_by"):
                 added += f" by {r['added_by']}"
             rows.append([r["id"], r["source"], r["scope"], ",".join(r["models"]),
-                         str(r["active_keys"]), budgets, added])  # fmt: skip
+                         str(r["active_keys"]), budgets, spent_text(r), added])  # fmt: skip
         print(table(rows))
         for problem in out.get("problems", []):
             print(f"left out: {problem}", file=sys.stderr)
@@ -91,6 +127,13 @@ def _print(args: argparse.Namespace, t: Target, out: Any) -> int:
         a = out["added"]
         print(f"tenant {a['id']} added (scope {a['scope']}, models {', '.join(a['models'])}); "
               f"give it a key: kvfence keys new --tenant {a['id']} ...")  # fmt: skip
+    elif "changed" in out:
+        c = out["changed"]
+        budgets = ",".join(f"{k}={v}" for k, v in (c.get("budgets") or {}).items()) or "none"
+        limits = ",".join(f"{k}={v}" for k, v in (c.get("limits") or {}).items()) or "none"
+        print(f"tenant {c['id']} changed (scope {c['scope']}, models {', '.join(c['models'])}, "
+              f"limits {limits}, budgets {budgets}): every worker applies it within a "
+              "second")  # fmt: skip
     elif "removed" in out:
         r = out["removed"]
         print(f"tenant {r['id']} removed with its {r['keys_removed']} keys")

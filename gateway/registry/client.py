@@ -25,7 +25,13 @@ from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
 from gateway.policy.node import PolicyError
 from gateway.policy.registry import RegistryError
-from gateway.policy.registry_view import keys_view, tenant_ids, tenant_record, tenants_view
+from gateway.policy.registry_view import (
+    check_record,
+    keys_view,
+    tenant_ids,
+    tenant_record,
+    tenants_view,
+)
 from gateway.policy.runtime import registry_of
 from kvfence.apikey import key_digest, mint_key
 from kvfence.secrets import SecretError, from_env, from_file
@@ -193,6 +199,15 @@ def offline_add(policy: Policy, file: OfflineRegistry, spec: dict[str, Any]) -> 
     record = tenant_record(policy, spec)
     ids = [t.id for t in policy.tenants]
     return {"added": file.update(lambda doc: reg.add_tenant(doc, record, ids))}
+
+
+def offline_set(policy: Policy, file: OfflineRegistry, tid: str, changes: dict[str, Any]) -> Any:
+    ids = [t.id for t in policy.tenants]
+
+    def change(doc: reg.Document) -> reg.Document:
+        return reg.set_tenant(doc, tid, changes, ids, check=lambda t, r: check_record(policy, t, r))
+
+    return {"changed": file.update(change)}
 
 
 def offline_remove(policy: Policy, file: OfflineRegistry, tid: str) -> Any:
