@@ -185,13 +185,3 @@ async def test_tenants_list_shows_what_each_tenant_spent_against_its_budgets(
     _, out, _ = await cli("tenants", "list", *where, "--json", capsys=capsys)
     spent = {r["id"]: r.get("spent") for r in json.loads(out)["tenants"]}
     assert spent["acme"] == {"hour": 30, "day": 30, "month": 30}
-
-
-async def test_without_a_spend_source_no_spend_is_shown(
-    fleet: Fleet, capsys: pytest.CaptureFixture[str]
-) -> None:
-    _, out, _ = await cli("tenants", "list", *online(fleet), "--json", capsys=capsys)
-    assert all("spent" not in r for r in json.loads(out)["tenants"])
-    _, out, _ = await cli("tenants", "list", *online(fleet), capsys=capsys)
-    rows = {line.split()[0]: line.split() for line in out.splitlines()}
-    assert rows["acme"][6] == "-"
