@@ -242,10 +242,11 @@ class Exchange:
         start a marker and `[DONE]` wait. Raises AttestationRefused when an event makes the
         answer's verdict one that withholds the rest."""
         assert self._usage is not None, "events follow the head"
-        return self._relay(self._usage.feed(chunk) if chunk else b"")
+        return self._sent(self._relay(self._usage.feed(chunk) if chunk else b""))
 
     def _relay(self, out: bytes) -> bytes:
-        """Complete events from the usage scanner in; the bytes to send the client now out."""
+        """Complete events from the usage scanner in; the bytes the client may have now out
+        (counted in the receipt by the caller, once they are to be sent)."""
         if out:
             if not self._timing.first_event:
                 self._timing.first_event = time.perf_counter()
@@ -273,7 +274,7 @@ class Exchange:
             if cut >= 0:
                 out, self._done = out[:cut], out[cut:]
         self._relayed += out.count(b"data:")
-        return self._sent(out)
+        return out
 
     async def end(self) -> bytes:
         """The backend's stream ended: the whole answer is judged (now with its usage and the
@@ -284,9 +285,11 @@ class Exchange:
         usage, answer = self._usage, self.answer
         last = usage.tail()  # a last event that came without its blank line
         held = usage.held()  # the usage events the detective held: scanned like the rest
-        last = self._relay(last)
+        last = self._relay(last)  # sent with the rest, once the whole answer is judged
         if held:
             self._scan.events(held)
+            answer.late_attestations = self._scan.late_attestations
+            held = strip_events(held)  # scanned as sent, relayed without any attestation
         answer.prompt_tokens, answer.cached_tokens = usage.prompt_tokens, usage.cached_tokens
         answer.total_tokens = usage.total_tokens
         ended = self._scan.terminal if self._request.path == RESPONSES else bool(self._done)

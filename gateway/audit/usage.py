@@ -13,7 +13,7 @@ where the answer's text is the UTF-8 bytes of its text fields, plain or streamed
 
 Invariant: a scanner's output bytes, then `held()`, are its input bytes minus whole dropped
 events, in order (held events are the stream's last before `[DONE]`); an event with choices
-is never dropped.
+is never dropped nor rewritten (it keeps a `usage` the client did not ask for).
 """
 
 from __future__ import annotations
