@@ -9,7 +9,8 @@ judgement that allows it, nor a stream's first byte before its record is open; `
 `settle` are called from here and nowhere else, and every exchange is settled exactly once,
 failures and clients that leave included; every byte handed to the client is counted in the
 answer's receipt (when its tenant gets one) before it is settled. An answer that ends without
-its usage is charged what it is known to have cost (`estimate`).
+its usage is charged what it is known to have cost (`estimate`, by the rule in
+`gateway.audit.usage`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from gateway.audit.judge import (
 )
 from gateway.audit.settle import VERDICT_HEADER, open_stream, settle
 from gateway.audit.usage import UsageScanner, parse_usage
+from gateway.audit.usage import estimate as estimate_tokens
 from gateway.errors import (
     AttestationRefused,
     AuditWriteFailed,
@@ -185,6 +187,8 @@ class Exchange:
         self.body = strip_body(body, parsed)
         await self._finish()
         self.judgement = judgement = judge(self.ctx, answer)
+        if 200 <= answer.status < 300:  # an error answer generated nothing
+            self.estimate(sent=True)
         self._set_headers()
         if self.receipt is not None:
             self.receipt.replace(body)  # the client gets these bytes unless settle withholds them
@@ -238,7 +242,11 @@ class Exchange:
         start a marker and `[DONE]` wait. Raises AttestationRefused when an event makes the
         answer's verdict one that withholds the rest."""
         assert self._usage is not None, "events follow the head"
-        out = self._usage.feed(chunk) if chunk else b""
+        return self._sent(self._relay(self._usage.feed(chunk) if chunk else b""))
+
+    def _relay(self, out: bytes) -> bytes:
+        """Complete events from the usage scanner in; the bytes the client may have now out
+        (counted in the receipt by the caller, once they are to be sent)."""
         if out:
             if not self._timing.first_event:
                 self._timing.first_event = time.perf_counter()
@@ -266,7 +274,7 @@ class Exchange:
             if cut >= 0:
                 out, self._done = out[:cut], out[cut:]
         self._relayed += out.count(b"data:")
-        return self._sent(out)
+        return out
 
     async def end(self) -> bytes:
         """The backend's stream ended: the whole answer is judged (now with its usage and the
@@ -275,11 +283,15 @@ class Exchange:
         lost), settled by then or by `fail`."""
         assert self._usage is not None, "the end follows the head"
         usage, answer = self._usage, self.answer
-        answer.prompt_tokens, answer.cached_tokens = usage.prompt_tokens, usage.cached_tokens
-        answer.total_tokens = usage.total_tokens
+        last = usage.tail()  # a last event that came without its blank line
         held = usage.held()  # the usage events the detective held: scanned like the rest
+        last = self._relay(last)  # sent with the rest, once the whole answer is judged
         if held:
             self._scan.events(held)
+            answer.late_attestations = self._scan.late_attestations
+            held = strip_events(held)  # scanned as sent, relayed without any attestation
+        answer.prompt_tokens, answer.cached_tokens = usage.prompt_tokens, usage.cached_tokens
+        answer.total_tokens = usage.total_tokens
         ended = self._scan.terminal if self._request.path == RESPONSES else bool(self._done)
         if not ended:  # whatever the framing claimed, the protocol's last event never came
             raise UpstreamUnavailable(
@@ -289,7 +301,8 @@ class Exchange:
         self.judgement = judge(self.ctx, answer)  # now with the usage and the detective's check
         if self.judgement.blocked:
             raise _refused(self.judgement)
-        rest = self._sent(self._suspect + held + self._done + usage.tail())
+        self.estimate(sent=True)
+        rest = self._sent(last + self._suspect + held + self._done)
         # AuditWriteFailed: it ends the stream
         await settle(self._request, self.ctx, answer, self.judgement, receipt=self.receipt)
         return rest
@@ -345,19 +358,21 @@ class Exchange:
             await asyncio.shield(left)
 
     def estimate(self, sent: bool) -> None:
-        """What an answer that ended without its usage is charged: one token per event the
-        client got, and, once the request was `sent` to the backend, its prompt (as the usage
-        or the attestation gave it, else a quarter of the body's bytes: high rather than low)."""
+        """What an answer that ended without its usage is charged (`gateway.audit.usage`): its
+        prompt (as the usage or the attestation gave it, else from the body's bytes) once the
+        request was `sent` to the backend, and what it generated."""
         answer = self.answer
         if answer.total_tokens is not None:
+            return
+        if not sent:
+            answer.estimated_tokens = self._relayed
             return
         prompt = answer.prompt_tokens
         att = self.judgement.attestation
         if prompt is None and att is not None:
             prompt = att.prompt_tokens
-        if prompt is None:
-            prompt = len(self._request[UPSTREAM_BODY]) // 4
-        answer.estimated_tokens = self._relayed + (prompt if sent else 0)
+        size, text = len(self._request[UPSTREAM_BODY]), self._scan.text_bytes
+        answer.estimated_tokens = estimate_tokens(prompt, size, text, self._relayed)
 
     async def _finish(self) -> None:
         """The answer is complete: the detective judges its reported hit and records its text

@@ -1,20 +1,40 @@
 """Usage as the audit reads it: the prompt, cached and total tokens of a plain answer, and of a
-stream as its events pass (dropping the usage-only chat/completions event a client did not ask
-for, and holding every usage event until the answer is judged when asked to).
+stream as its events pass (the last usage object any event carried; dropping the usage-only
+chat/completions event a client did not ask for; holding, when asked to, every event from the
+first that carries usage to the stream's `[DONE]`, until the answer is judged), and what an
+answer that ended without its usage is charged instead (`estimate`):
+
+    prompt (as reported, else ceil(request body bytes / 4); nothing when it was never sent)
+    + the larger of ceil(answer text bytes / 4) and the stream events the client got
+    (at least 1 once the request was sent)
+
+where the answer's text is the UTF-8 bytes of its text fields, plain or streamed alike
+(`gateway.verify.scan`).
 
 Invariant: a scanner's output bytes, then `held()`, are its input bytes minus whole dropped
-events, in order (held events are the stream's last before `[DONE]`).
+events, in order (held events are the stream's last before `[DONE]`); an event with choices
+is never dropped nor rewritten (it keeps a `usage` the client did not ask for).
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import orjson
 
-from gateway.audit.events import event_data, last_boundary
+from gateway.audit import sse
+from gateway.audit.events import is_done
 
 _USAGE = b'"usage"'
+
+
+def estimate(prompt: int | None, request_bytes: int, text_bytes: int, events: int) -> int:
+    """The tokens charged for a sent request whose answer ended without its usage (the rule
+    above): high rather than low."""
+    if prompt is None:
+        prompt = -(-request_bytes // 4)
+    return max(1, prompt + max(events, -(-text_bytes // 4)))
 
 
 def prompt_tokens(usage: Any) -> int | None:
@@ -59,55 +79,77 @@ def cached_tokens(usage: Any) -> int | None:
     return None
 
 
-class UsageScanner:
-    """Feed upstream chunks; get back what to send the client and learn `cached_tokens`."""
+class _Step(enum.Enum):
+    SEND = "send"
+    DROP = "drop"
+    HOLD = "hold"
 
-    __slots__ = ("_buf", "_held", "cached_tokens", "drop_usage", "hold", "prompt_tokens",
-                 "total_tokens")  # fmt: skip
+
+class UsageScanner:
+    """Feed upstream chunks; get back what to send the client and learn the usage."""
+
+    __slots__ = ("_held", "_holding", "_reader", "cached_tokens", "drop_usage", "hold",
+                 "prompt_tokens", "total_tokens")  # fmt: skip
 
     def __init__(self, drop_usage: bool, hold: bool = False) -> None:
         """`hold`: usage events wait in `held()` (the detective judges the count first)."""
         self.drop_usage = drop_usage
         self.hold = hold
         self._held: list[bytes] = []
+        self._holding = False  # an event was held: the rest up to `[DONE]` waits behind it
         self.cached_tokens: int | None = None
         self.prompt_tokens: int | None = None
         self.total_tokens: int | None = None
-        self._buf = b""
+        self._reader = sse.Reader()
 
     def feed(self, chunk: bytes) -> bytes:
-        buf = self._buf + chunk if self._buf else chunk
-        cut = last_boundary(buf)
-        complete, self._buf = buf[:cut], buf[cut:]
-        if _USAGE not in complete:
-            return complete
-        out = [ev for ev in complete.split(b"\n\n") if not self._consume(ev)]
-        return b"\n\n".join(out)
+        """Upstream bytes in; the complete events to send on out."""
+        return self._pass(self._reader.feed(chunk))
 
-    def _consume(self, event: bytes) -> bool:
-        """Record usage from one event; True when the event is to be dropped."""
-        if _USAGE not in event or b'"usage":null' in event:
-            return False
-        data = event_data(event)
+    def tail(self) -> bytes:
+        """The stream ended: what followed its last complete event (a last event without its
+        blank line), read like the others."""
+        return self._pass(self._reader.end())
+
+    def _pass(self, complete: bytes) -> bytes:
+        if not complete or (_USAGE not in complete and not self._holding):
+            return complete
+        out = []
+        for event in sse.raws(complete):
+            if self._holding:
+                if is_done(event):
+                    self._holding = False
+                    out.append(event)
+                else:
+                    self._held.append(event)
+                continue
+            step = self._consume(event) if _USAGE in event else _Step.SEND
+            if step is _Step.HOLD:
+                self._holding = True
+                self._held.append(event)
+            elif step is _Step.SEND:
+                out.append(event)
+        return b"".join(out)
+
+    def _consume(self, event: bytes) -> _Step:
+        """Record usage from one event; what becomes of the event."""
+        if b'"usage":null' in event:
+            return _Step.SEND
+        data = sse.parse(event).json()
         if not isinstance(data, dict):
-            return False
+            return _Step.SEND
+        keep = _Step.HOLD if self.hold else _Step.SEND
         if data.get("type") == "response.completed" and isinstance(data.get("response"), dict):
             self._record(data["response"].get("usage"))
-            return self._keep(event, drop=False)
-        if data.get("choices") == [] and isinstance(data.get("usage"), dict):
-            self._record(data["usage"])
-            return self._keep(event, drop=self.drop_usage)
-        return False
-
-    def _keep(self, event: bytes, drop: bool) -> bool:
-        """True when the event leaves the output (dropped, or held for later)."""
-        if self.hold and not drop:
-            self._held.append(event + b"\n\n")
-            return True
-        return drop
+            return keep
+        choices, usage = data.get("choices"), data.get("usage")
+        if not isinstance(choices, list) or not isinstance(usage, dict):
+            return _Step.SEND
+        self._record(usage)
+        return _Step.DROP if self.drop_usage and not choices else keep
 
     def held(self) -> bytes:
-        """The usage events held back, for the end of an answer that passed its judgement."""
+        """The events held back, for the end of an answer that passed its judgement."""
         out, self._held = b"".join(self._held), []
         return out
 
@@ -115,8 +157,3 @@ class UsageScanner:
         self.cached_tokens = cached_tokens(usage)
         self.prompt_tokens = prompt_tokens(usage)
         self.total_tokens = total_tokens(usage)
-
-    def tail(self) -> bytes:
-        """Bytes after the last complete event (sent as they are when the stream ends)."""
-        tail, self._buf = self._buf, b""
-        return tail

@@ -13,7 +13,7 @@ from typing import Final
 
 import aiohttp
 
-from gateway.audit.events import first_event
+from gateway.audit import sse
 from gateway.errors import AnswerTooLarge, UpstreamTimeout, UpstreamUnavailable
 from gateway.relay.failures import describe
 
@@ -34,11 +34,12 @@ async def read_chunk(upstream: aiohttp.ClientResponse, idle_s: float) -> bytes:
 async def first_event_of(
     upstream: aiohttp.ClientResponse, idle_s: float
 ) -> tuple[bytes | None, bytes]:
-    """The upstream's first SSE event and what followed it; (None, all) if it never completed."""
+    """The upstream's first SSE event (with its blank line) and what followed it; (None, all)
+    if it never completed."""
     buf = b""
     try:
         while len(buf) <= MAX_FIRST_EVENT:
-            found = first_event(buf)
+            found = sse.first(buf)
             if found is not None:
                 return found
             chunk = await read_chunk(upstream, idle_s)

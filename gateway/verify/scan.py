@@ -1,5 +1,6 @@
 """Scanning an answer as it passes: live canary markers in its text (from every backend), the
-text itself (for the detective's history), and attestations in later stream events (from ours).
+text itself (for the detective's history), its size (what an answer without usage is charged
+for), and attestations in later stream events (from ours).
 
 Invariant: a chunk is scanned before it is written to the client, and a marker split across
 events is still found, also when the events of several choices (`n` > 1) interleave: each
@@ -13,6 +14,7 @@ from typing import Any, Final
 
 import orjson
 
+from gateway.audit.sse import raws
 from gateway.inputs.paths import CHAT, COMPLETIONS
 from gateway.verify.markers import MarkerKey, MarkerScanner
 from kvfence.attestation import ATTESTATION_EVENT, ATTESTATION_FIELD
@@ -25,7 +27,6 @@ _FIELD: Final = {
 }
 _ANY = re.compile(rb'"(?:content|text|delta|output_text)":' + _STRING)
 _INDEX = re.compile(rb'"index":(\d{1,6})')  # a choice's index (escaped inside text, so no match)
-_EVENT_END = re.compile(rb"\r?\n\r?\n")
 _LATE = (ATTESTATION_EVENT.encode(), ATTESTATION_FIELD.encode())
 _TERMINAL = re.compile(rb'"type":\s*"response\.(?:completed|incomplete|failed)"')
 
@@ -39,6 +40,7 @@ class AnswerScan:
         self._attested = attested
         self._parts: list[str] = []
         self._size = 0
+        self.text_bytes = 0  # UTF-8 bytes of the text of every choice, kept or not
         self.late_attestations = 0
         self.terminal = False  # a Responses stream's final event was seen
 
@@ -79,18 +81,33 @@ class AnswerScan:
             self.terminal = True
         if self._attested and b"kvfence" in data:
             self.late_attestations += sum(data.count(tag) for tag in _LATE)
-        for event in _EVENT_END.split(data) if b'"index":' in data else (data,):
+        for event in raws(data) if b'"index":' in data else (data,):
             found = _INDEX.search(event)
             index = int(found.group(1)) if found else 0
             for raw in self._field.findall(event):
-                try:
-                    self._take(orjson.loads(b'"' + raw + b'"'), index)
-                except orjson.JSONDecodeError:
-                    self._keep = False  # not text we can reproduce: record nothing of it
+                piece = self._decode(raw)
+                if piece is not None:
+                    self._take(piece, index)
+
+    def _decode(self, raw: bytes) -> str | None:
+        """One text field's string, counted in `text_bytes`; None when it is not valid JSON."""
+        try:
+            piece: str = orjson.loads(b'"' + raw + b'"')
+        except orjson.JSONDecodeError:
+            self._keep = False  # not text we can reproduce: record nothing of it
+            self.text_bytes += len(raw)
+            return None
+        self.text_bytes += len(piece) if piece.isascii() else len(piece.encode(errors="replace"))
+        return piece
 
     def body(self, data: bytes, parsed: Any) -> None:
-        """A plain answer: markers anywhere in it, the text of its one choice."""
+        """A plain answer: markers anywhere in it, the text of its one choice, the size of the
+        text of all (its text fields, as a stream's are read)."""
         self._scan(data.decode("utf-8", "replace"))
+        keep = self._keep
+        for raw in self._field.findall(data):
+            self._decode(raw)
+        self._keep = keep
         choices = parsed.get("choices") if isinstance(parsed, dict) else None
         if not self._keep or not isinstance(choices, list) or len(choices) != 1:
             self._keep = False

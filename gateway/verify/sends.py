@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from gateway.audit.sse import Reader, events
 from gateway.inputs.paths import RESPONSES
 from kvfence.probe.client import Identity
 from kvfence.probe.errors import ProbeError
@@ -106,24 +107,34 @@ def _sent(ttft: float, usage: Any) -> Sent:
 async def _stream(resp: aiohttp.ClientResponse, started: float, responses: bool) -> Sent:
     ttft: float | None = None
     usage: Any = None
-    async for line in resp.content:
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]" or not data.startswith(b"{"):
-            continue
-        event = orjson.loads(data)
-        if not isinstance(event, dict) or event.get("error"):
-            raise SendFailed("a canary stream ended with an error event")
-        if ttft is None and (event.get("choices") or _delta(event, responses)):
-            ttft = time.perf_counter() - started
-        if isinstance(event.get("usage"), dict):
-            usage = event["usage"]
-        elif responses and event.get("type") == "response.completed":
-            usage = (event.get("response") or {}).get("usage")
+    reader = Reader()
+    async for chunk in resp.content.iter_any():
+        ttft, usage = _read(reader.feed(chunk), started, responses, ttft, usage)
+    ttft, usage = _read(reader.end(), started, responses, ttft, usage)  # a last event unended
     if ttft is None:
         raise SendFailed("a canary stream ended before its first token")
     return _sent(ttft, usage)
+
+
+def _read(
+    complete: bytes, started: float, responses: bool, ttft: float | None, usage: Any
+) -> tuple[float | None, Any]:
+    """Complete events read: the time to the first token and the last usage reported, so far.
+    Raises SendFailed on an error event."""
+    for event in events(complete):
+        data = event.data.strip() if event.data is not None else b""
+        if not data.startswith(b"{"):  # `[DONE]`, or not JSON
+            continue
+        doc = orjson.loads(data)
+        if not isinstance(doc, dict) or doc.get("error"):
+            raise SendFailed("a canary stream ended with an error event")
+        if ttft is None and (doc.get("choices") or _delta(doc, responses)):
+            ttft = time.perf_counter() - started
+        if isinstance(doc.get("usage"), dict):
+            usage = doc["usage"]
+        elif responses and doc.get("type") == "response.completed":
+            usage = (doc.get("response") or {}).get("usage")
+    return ttft, usage
 
 
 def _delta(event: dict[str, Any], responses: bool) -> bool:

@@ -98,8 +98,9 @@ def completion() -> dict[str, Any]:
 class FakeUpstream:
     """`mode`: ok | die_before | die_mid | stall_before | hold | flood (a stream of 16 MiB) |
     huge (a 2 MiB plain answer) | no_done (a stream that ends without `[DONE]`) | long (a stream
-    of `LONG` one-token events, a few milliseconds apart, then its usage). `split` sends
-    each stream event in two writes, so the gateway sees chunks that cut events in half."""
+    of `LONG` one-token events, a few milliseconds apart, then its usage) | no_usage (answers,
+    plain or streamed, that report no usage even when asked). `split` sends each stream event
+    in two writes, so the gateway sees chunks that cut events in half."""
 
     mode: str = "ok"
     split: bool = False
@@ -145,6 +146,8 @@ class FakeUpstream:
         answer = completion()
         if self.mode == "huge":
             answer["choices"][0]["message"]["content"] = "x" * (2 << 20)
+        if self.mode == "no_usage":
+            del answer["usage"]
         resp = web.Response(body=orjson.dumps(answer), content_type="application/json")
         if self.set_cookie:
             resp.headers["set-cookie"] = self.set_cookie
@@ -154,7 +157,7 @@ class FakeUpstream:
         options = doc.get("stream_options") or {}
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
-        events = sse_events(bool(options.get("include_usage")))
+        events = sse_events(bool(options.get("include_usage")) and self.mode != "no_usage")
         if self.mode == "flood":
             big = b"data: " + orjson.dumps(_chunk(0, "y" * 8000, False)) + b"\n\n"
             events = [big] * 2048 + events

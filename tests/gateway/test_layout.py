@@ -13,7 +13,7 @@ ROOT = Path(gateway.__file__).parent
 LAYERS: list[set[str]] = [
     {"errors", "metrics", "entropy"},
     {"inputs"},
-    {"audit.chain"},
+    {"audit.chain", "audit.sse"},
     {"adapters"},
     {"policy"},
     {"control"},

@@ -2,6 +2,7 @@
 
 import itertools
 
+import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -40,3 +41,90 @@ def test_responses_api_usage_is_read() -> None:
     )
     assert scanner.feed(event) == event
     assert scanner.cached_tokens == 4
+
+
+def _crlf(event: bytes) -> bytes:
+    return event.replace(b"\n", b"\r\n")
+
+
+def _split_everywhere(
+    stream: bytes, drop: bool, hold: bool = False
+) -> list[tuple[bytes, UsageScanner]]:
+    """For every cut point: what a scanner fed `stream` in two chunks cut there, then its end,
+    handed on, and the scanner."""
+    runs = []
+    for cut in range(len(stream) + 1):
+        scanner = UsageScanner(drop_usage=drop, hold=hold)
+        out = scanner.feed(stream[:cut]) + scanner.feed(stream[cut:]) + scanner.tail()
+        runs.append((out, scanner))
+    return runs
+
+
+def _usage(scanner: UsageScanner) -> tuple[int | None, int | None, int | None]:
+    return scanner.prompt_tokens, scanner.cached_tokens, scanner.total_tokens
+
+
+def test_a_crlf_stream_has_its_usage_read_and_its_usage_event_dropped() -> None:
+    events = [_crlf(e) for e in EVENTS]
+    stream = b"".join(events)
+    for out, scanner in _split_everywhere(stream, drop=True):
+        assert out == b"".join(events[:-2] + events[-1:])
+        assert _usage(scanner) == (12, CACHED_TOKENS, 15)
+    for out, scanner in _split_everywhere(stream, drop=False):
+        assert out == stream and _usage(scanner) == (12, CACHED_TOKENS, 15)
+
+
+def test_a_lone_cr_stream_has_its_usage_read_and_its_usage_event_dropped() -> None:
+    events = [e.replace(b"\n", b"\r") for e in EVENTS]
+    scanner = UsageScanner(drop_usage=True)
+    out = b"".join(scanner.feed(e) for e in events) + scanner.tail()
+    assert out == b"".join(events[:-2] + events[-1:])
+    assert _usage(scanner) == (12, CACHED_TOKENS, 15)
+
+
+def _with_usage_on_the_last_text_chunk() -> list[bytes]:
+    usage = {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
+    last = {"choices": [{"index": 0, "delta": {"content": "!"}, "finish_reason": "stop"}],
+            "usage": usage}  # fmt: skip
+    plain = sse_events(include_usage=False)
+    return [*plain[:-2], b"data: " + orjson.dumps(last) + b"\n\n", plain[-1]]
+
+
+def test_usage_on_the_last_chunk_with_choices_is_recorded_and_the_chunk_kept() -> None:
+    events = _with_usage_on_the_last_text_chunk()
+    stream = b"".join(events)
+    for drop in (True, False):
+        for out, scanner in _split_everywhere(stream, drop=drop):
+            assert out == stream  # an event with choices is never dropped
+            assert _usage(scanner) == (9, None, 12)
+
+
+def test_held_events_keep_their_order_up_to_done() -> None:
+    events = _with_usage_on_the_last_text_chunk()
+    stream = b"".join(events)
+    for out, scanner in _split_everywhere(stream, drop=True, hold=True):
+        assert out == b"".join(events[:-2] + events[-1:])  # the usage chunk waits, [DONE] passes
+        assert scanner.held() == events[-2] and scanner.total_tokens == 12
+    late = b'data: {"choices":[{"index":0,"delta":{"content":"late"}}]}\n\n'
+    scanner = UsageScanner(drop_usage=False, hold=True)
+    out = scanner.feed(b"".join(EVENTS[:-1]) + late + EVENTS[-1]) + scanner.tail()
+    assert out == b"".join(EVENTS[:-2]) + EVENTS[-1]  # what followed the usage waits behind it
+    assert scanner.held() == EVENTS[-2] + late
+
+
+def test_the_last_event_without_its_blank_line_is_read() -> None:
+    usage_only = EVENTS[-2].rstrip(b"\n")  # a stream that ends with its usage, unended
+    stream = b"".join(EVENTS[:-2]) + usage_only
+    for drop, expected in ((True, b"".join(EVENTS[:-2])), (False, stream)):
+        for out, scanner in _split_everywhere(stream, drop=drop):
+            assert out == expected
+            assert _usage(scanner) == (12, CACHED_TOKENS, 15)
+
+
+def test_comments_and_multi_line_data_are_read() -> None:
+    body = orjson.dumps(orjson.loads(EVENTS[-2][6:]), option=orjson.OPT_INDENT_2)
+    usage = b": usage follows\r\n" + b"".join(b"data: " + ln + b"\r\n" for ln in body.split(b"\n"))
+    stream = b"".join(EVENTS[:-2]) + usage + b"\r\n" + EVENTS[-1]
+    for out, scanner in _split_everywhere(stream, drop=True):
+        assert out == b"".join(EVENTS[:-2] + EVENTS[-1:])
+        assert _usage(scanner) == (12, CACHED_TOKENS, 15)
