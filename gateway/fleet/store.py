@@ -1,6 +1,6 @@
 """The connection to the Redis that gateway replicas share: key names, the sealer of every
-value, reachability, and the one place a Redis failure is caught, logged (once per change) and
-counted.
+value, reachability, the one place a Redis failure is caught, logged (once per change) and counted,
+and how a key of the wrong Redis type reads (`typed`: as a value that is not ours).
 
 Invariant: no key name or value carries a tenant id or backend name in the clear (names are
 HMACs, values are sealed with the name bound into their tag), and no value holds a prompt, key
@@ -22,7 +22,7 @@ from typing import Any, Final, TypeVar
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from gateway.fleet.metrics import FleetMetrics
 from gateway.fleet.sealed import Sealer
@@ -46,6 +46,23 @@ def shared_secret(policy: Policy) -> bytes:
 def as_bytes(value: bytes | str | None) -> bytes | None:
     """A value as Redis returned it (bytes: the client never decodes)."""
     return value.encode() if isinstance(value, str) else value
+
+
+def wrong_type(exc: BaseException) -> bool:
+    """Whether Redis refused a command because the key holds another type (WRONGTYPE)."""
+    return isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE")
+
+
+async def typed(awaitable: Awaitable[T], wrong: T) -> T:
+    """A read's result, or `wrong` when the key holds another Redis type: such a key holds
+    nothing a gateway wrote, so the caller reads it as a value that is not authentic (and
+    counts it refused), never as an error; any other failure passes on."""
+    try:
+        return await awaitable
+    except ResponseError as exc:
+        if not wrong_type(exc):
+            raise
+        return wrong
 
 
 class SharedStore:
