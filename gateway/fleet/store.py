@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import inspect
 import logging
 import time
 from collections.abc import Awaitable
@@ -32,6 +33,15 @@ from gateway.policy.model import OnSharedFailure, Policy, SharedSettings
 T = TypeVar("T")
 PREFIX: Final = "kvf2:"  # v2: names under the pepper, every value sealed
 log = logging.getLogger("kvfence.gateway.shared")
+
+
+# The gateways' ACL user may send only what the gateway needs (docs/fleet.md): a connection
+# sends AUTH and nothing else, so no CLIENT SETINFO (`driver_info` from redis-py 7.1 on).
+_NO_CLIENT_INFO: Final[dict[str, Any]] = (
+    {"driver_info": None}
+    if "driver_info" in inspect.signature(aioredis.Redis.__init__).parameters
+    else {"lib_name": None, "lib_version": None}
+)
 
 
 def shared_secret(policy: Policy) -> bytes:
@@ -53,7 +63,7 @@ def wrong_type(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE")
 
 
-async def typed(awaitable: Awaitable[T], wrong: T) -> T:
+async def typed(awaitable: Awaitable[Any], wrong: object) -> Any:
     """A read's result, or `wrong` when the key holds another Redis type: such a key holds
     nothing a gateway wrote, so the caller reads it as a value that is not authentic (and
     counts it refused), never as an error; any other failure passes on."""
@@ -84,6 +94,7 @@ class SharedStore:
             socket_connect_timeout=settings.timeout_s,
             retry=Retry(NoBackoff(), 0),  # one try: on_failure decides, not a retry loop
             **tls,
+            **_NO_CLIENT_INFO,
         )
         self.up: bool | None = None  # None: not tried yet
         self.since = time.time()
