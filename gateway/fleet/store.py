@@ -60,7 +60,10 @@ def as_bytes(value: bytes | str | None) -> bytes | None:
 
 def wrong_type(exc: BaseException) -> bool:
     """Whether Redis refused a command because the key holds another type (WRONGTYPE)."""
-    return isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE")
+    message = str(exc)  # a pipeline prefixes "Command # N (...) of pipeline caused error: "
+    return isinstance(exc, ResponseError) and (
+        message.startswith("WRONGTYPE") or "caused error: WRONGTYPE" in message
+    )
 
 
 async def typed(awaitable: Awaitable[Any], wrong: object) -> Any:

@@ -178,7 +178,8 @@ class SharedHistory:
     async def presence(
         self, who: Recorder, keys: Sequence[int], nonce: int, before: Sequence[bool]
     ) -> list[Presence]:
-        tenants = await self._tenants()
+        # The asking tenant's own records count even while its reach entry is missing.
+        tenants = sorted({*await self._tenants(), who.tenant})
         pipe = self.store.client.pipeline(transaction=False)
         for key in keys:
             for tenant in tenants:
@@ -214,6 +215,8 @@ class SharedHistory:
             row = None if found is None else _reach_row(found)
             if row is not None and _tag(raw_field):
                 rows.append((_tag(raw_field), *row))
+        # A tenant whose entry is gone or unreadable notes it again on its next record.
+        self._known &= {tenant for tenant, _, _ in rows}
         pipe = self.store.client.pipeline(transaction=False)
         for tenant, _, _ in rows:
             pipe.zcard(self._set(tenant))
