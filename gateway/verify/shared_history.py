@@ -74,8 +74,11 @@ class SharedHistory:
         # Each value is sealed for its own hash: moved to another, it no longer verifies.
         values = [self._sealer.seal(n, field, nonce.to_bytes(4, "big"), now=now) for n in names]
         zset = self._set(who.tenant)
-        olds = await self.store.call("history_record", self._write(zset, names, field, values, now))
-        evicted = await self.store.call("history_record", self._trim(zset))
+        olds, size = await self.store.call(
+            "history_record", self._write(zset, names, field, values, now)
+        )
+        over = size > self.settings.tenant_cap
+        evicted = await self.store.call("history_record", self._trim(zset)) if over else 0.0
         if evicted or who.tenant not in self._known:
             await self._note(who.tenant, now, evicted)
         return [self._valid(n, field, old) is not None for n, old in zip(names, olds, strict=True)]
@@ -87,11 +90,13 @@ class SharedHistory:
             pipe.pexpire(name, TTL_MS)
         pipe.zadd(zset, {f"{name}|{field}": now for name in names})
         pipe.pexpire(zset, TTL_MS)
+        pipe.zcard(zset)
 
     async def _write(self, zset: str, names: Sequence[str], field: str, values: Sequence[bytes],
-                     now: float) -> list[Any]:  # fmt: skip
-        """Each hash's old value of the field, then the new values and index, in one
-        transaction. A key of another type holds no record: it is replaced, and written again."""
+                     now: float) -> tuple[list[Any], int]:  # fmt: skip
+        """Each hash's old value of the field, and the tenant's record count after the new
+        values and index are written, in one transaction. A key of another type holds no
+        record: it is replaced, and written again."""
         pipe = self.store.client.pipeline(transaction=True)
         for name in names:
             pipe.hget(name, field)
@@ -100,15 +105,15 @@ class SharedHistory:
         olds = _results(got[: len(names)], "history", self.store)
         writes = got[len(names) :]
         bad = {n for i, n in enumerate(names) if isinstance(writes[2 * i], Exception)}
-        if isinstance(writes[-2], Exception):
+        if isinstance(writes[-3], Exception):
             bad.add(zset)
         _results(writes, "history", self.store)
         if bad:
             again = self.store.client.pipeline(transaction=True)
             again.delete(*bad)
             self._queue(again, zset, names, field, values, now)
-            await again.execute()
-        return olds
+            writes = (await again.execute())[1:]
+        return olds, int(writes[-1])
 
     async def _trim(self, zset: str) -> float:
         """Drop the tenant's oldest records beyond its cap; the newest time dropped (0: none).

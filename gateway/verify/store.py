@@ -128,12 +128,13 @@ class FingerprintStore:
 
     def _home(self, tags: list[int]) -> int:
         """A region no tenant calls home; with none left, the largest tenant's home."""
-        rows = [r for r, tag in enumerate(tags) if tag]
-        taken = {self._dir(r)[5] for r in rows}
+        last = self._dir_words[4::5].tolist()  # entries | home << 32, per row
+        live = [word for tag, word in zip(tags, last, strict=True) if tag]
+        taken = {word >> 32 for word in live}
         free = next((g for g in range(self.regions) if g not in taken), None)
         if free is not None:
             return free
-        return self._dir(max(rows, key=self._entries))[5]
+        return int(max(live, key=lambda word: word & 0xFFFFFFFF) >> 32)
 
     def _bucket(self, region: int, key: int) -> range:
         base = region * self.cap + key % self.cap // BUCKET * BUCKET
