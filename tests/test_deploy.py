@@ -299,6 +299,9 @@ def test_redis_lets_in_only_the_gateways_acl_user(where: str) -> None:
     assert "--protected-mode" not in words
     shared = yaml.safe_load(policy)["gateway"]["shared"]["redis"]
     assert shared["username"] == GATEWAY_USER and "redis_password" in shared["password"]["file"]
+    assert "eval" not in GATEWAY_RULES and "@" not in GATEWAY_RULES.replace("-@all", "")
+    documented = (ROOT / "docs" / "fleet.md").read_text()
+    assert f"user {GATEWAY_USER} on >PASSWORD {GATEWAY_RULES}\n" in documented
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")

@@ -8,8 +8,9 @@ one it holds (its file board, which every worker of this gateway shares, keeps i
 restart of the worker). A missing, forged, moved, future-dated or replayed value changes
 nothing: the worker writes back what it holds, so a quarantine survives Redis losing its data
 and is lifted only by a gateway's release or clean rounds; a backend no worker knows of stays
-unknown (never verified). A change is a read-modify-write in one optimistic transaction; one
-Redis could not take is honoured by this worker at once and written when Redis is back.
+unknown (never verified); a board or claim of another Redis type reads as values that are not
+authentic. A change is a read-modify-write in one optimistic transaction; one Redis could not
+take is honoured by this worker at once and written when Redis is back.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from functools import partial
 from pathlib import Path
 
 import orjson
-from redis.exceptions import WatchError
+from redis.exceptions import ResponseError, WatchError
 
 from gateway.fleet.local_health import (
     NEVER_CHECKED,
@@ -34,7 +35,7 @@ from gateway.fleet.local_health import (
     newest,
     stamped,
 )
-from gateway.fleet.store import SharedStore, as_bytes
+from gateway.fleet.store import SharedStore, as_bytes, typed, wrong_type
 from gateway.fleet.unavailable import SharedUnavailable
 
 log = logging.getLogger("kvfence.gateway.shared")
@@ -89,8 +90,10 @@ class SharedHealthBoard(HealthBoard):
         names = sorted(set(self.backends()))
         if not names:
             return
+        fields = [self._field(n) for n in names]
+        # A board of another Redis type holds no value of ours: each reads as not authentic.
         raw = await self.store.call(
-            "health_read", self.store.client.hmget(self._key, [self._field(n) for n in names])
+            "health_read", typed(self.store.client.hmget(self._key, fields), [b""] * len(names))
         )
         await asyncio.to_thread(self._load)  # what another worker of this gateway took
         taken, stale = {}, []
@@ -131,8 +134,10 @@ class SharedHealthBoard(HealthBoard):
             while True:
                 try:
                     await pipe.watch(self._key)
-                    found = self._open(name, as_bytes(await pipe.hget(self._key, field)))
-                    before = self.floored(name, newest(self.view.get(name) or NEVER_CHECKED, found))
+                    raw = await typed(pipe.hget(self._key, field), b"")
+                    found = self._open(name, as_bytes(raw))
+                    held = newest(self.view.get(name) or NEVER_CHECKED, found)
+                    before = self.floored(name, held)
                     after = change(before)
                     after = stamped(before, after) if stamp else after
                     pipe.multi()  # type: ignore[no-untyped-call]
@@ -141,6 +146,12 @@ class SharedHealthBoard(HealthBoard):
                     break
                 except WatchError:
                     continue  # another replica changed the board: read it again
+                except ResponseError as exc:
+                    if not wrong_type(exc):
+                        raise
+                    # Not a hash: it holds no backend's state. Replaced; every worker writes
+                    # back what it holds on its next refresh.
+                    await self.store.client.delete(self._key)
         await asyncio.to_thread(self._keep_locked, {name: after})
         return before, after
 
@@ -169,7 +180,7 @@ class SharedHealthBoard(HealthBoard):
             ttl_ms = int(ttl_s * 1000)
             if await self.store.call("canary_claim", client.set(key, value, nx=True, px=ttl_ms)):
                 return True
-            held = await self.store.call("canary_claim", client.get(key))
+            held = await self.store.call("canary_claim", typed(client.get(key), b""))
             if self.store.sealer.open(_CLAIM, backend, as_bytes(held), max_age_s=ttl_s):
                 return False
             self.store.metrics.shared_refused.labels("canary_claim", "invalid").inc()

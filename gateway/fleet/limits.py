@@ -5,7 +5,7 @@ sealed value (`sealed`, the tenant bound into its tag), changed in one optimisti
 Invariant: an admission reads, decides and writes in one transaction (WATCH/MULTI), so replicas
 never take the same allowance twice. A value that is not authentic never widens an allowance:
 a worker that saw a newer one (a deleted or replayed value) uses its own, and one that saw none
-starts a forged tenant's buckets empty. Each request in flight carries a lease
+starts a forged (or wrongly typed) tenant's buckets empty. Each request in flight carries a lease
 (`shared.redis.lease_s`), so a replica that dies mid-request does not hold the slot for ever.
 """
 
@@ -24,7 +24,7 @@ from redis.exceptions import WatchError
 
 from gateway.fleet import bucket
 from gateway.fleet.bucket import FRESH, Allowance, Refusal
-from gateway.fleet.store import SharedStore, as_bytes
+from gateway.fleet.store import SharedStore, as_bytes, typed
 from gateway.policy.tenant_model import TenantLimits
 
 _NAME: Final = "limits"  # the sealer's name for a tenant's allowance
@@ -82,7 +82,8 @@ class RedisLimits:
                 try:
                     await pipe.watch(key)
                     now = self._clock()
-                    held = self._held(tenant, as_bytes(await pipe.get(key)), now).live(now)
+                    raw = as_bytes(await typed(pipe.get(key), b""))  # another type: not ours
+                    held = self._held(tenant, raw, now).live(now)
                     after, refusal = step(held, now)
                     await self._write(pipe, key, tenant, after, now)
                     return refusal

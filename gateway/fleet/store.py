@@ -1,6 +1,6 @@
 """The connection to the Redis that gateway replicas share: key names, the sealer of every
-value, reachability, and the one place a Redis failure is caught, logged (once per change) and
-counted.
+value, reachability, the one place a Redis failure is caught, logged (once per change) and counted,
+and how a key of the wrong Redis type reads (`typed`: as a value that is not ours).
 
 Invariant: no key name or value carries a tenant id or backend name in the clear (names are
 HMACs, values are sealed with the name bound into their tag), and no value holds a prompt, key
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import inspect
 import logging
 import time
 from collections.abc import Awaitable
@@ -22,7 +23,7 @@ from typing import Any, Final, TypeVar
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from gateway.fleet.metrics import FleetMetrics
 from gateway.fleet.sealed import Sealer
@@ -32,6 +33,15 @@ from gateway.policy.model import OnSharedFailure, Policy, SharedSettings
 T = TypeVar("T")
 PREFIX: Final = "kvf2:"  # v2: names under the pepper, every value sealed
 log = logging.getLogger("kvfence.gateway.shared")
+
+
+# The gateways' ACL user may send only what the gateway needs (docs/fleet.md): a connection
+# sends AUTH and nothing else, so no CLIENT SETINFO (`driver_info` from redis-py 7.1 on).
+_NO_CLIENT_INFO: Final[dict[str, Any]] = (
+    {"driver_info": None}
+    if "driver_info" in inspect.signature(aioredis.Redis.__init__).parameters
+    else {"lib_name": None, "lib_version": None}
+)
 
 
 def shared_secret(policy: Policy) -> bytes:
@@ -46,6 +56,26 @@ def shared_secret(policy: Policy) -> bytes:
 def as_bytes(value: bytes | str | None) -> bytes | None:
     """A value as Redis returned it (bytes: the client never decodes)."""
     return value.encode() if isinstance(value, str) else value
+
+
+def wrong_type(exc: BaseException) -> bool:
+    """Whether Redis refused a command because the key holds another type (WRONGTYPE)."""
+    message = str(exc)  # a pipeline prefixes "Command # N (...) of pipeline caused error: "
+    return isinstance(exc, ResponseError) and (
+        message.startswith("WRONGTYPE") or "caused error: WRONGTYPE" in message
+    )
+
+
+async def typed(awaitable: Awaitable[Any], wrong: object) -> Any:
+    """A read's result, or `wrong` when the key holds another Redis type: such a key holds
+    nothing a gateway wrote, so the caller reads it as a value that is not authentic (and
+    counts it refused), never as an error; any other failure passes on."""
+    try:
+        return await awaitable
+    except ResponseError as exc:
+        if not wrong_type(exc):
+            raise
+        return wrong
 
 
 class SharedStore:
@@ -67,6 +97,7 @@ class SharedStore:
             socket_connect_timeout=settings.timeout_s,
             retry=Retry(NoBackoff(), 0),  # one try: on_failure decides, not a retry loop
             **tls,
+            **_NO_CLIENT_INFO,
         )
         self.up: bool | None = None  # None: not tried yet
         self.since = time.time()

@@ -145,9 +145,10 @@ class AdminSettings:
 class HistorySettings:
     """The detective audit's history of prompt-prefix keys, shared by all workers (and, with
     `gateway.shared`, by every replica). `capacity` records in all, at most `tenant_cap` per
-    tenant (a tenant's traffic evicts only its own records); `block_max_age_s`: how long a
-    server may keep an unused cached block: a tenant whose records reach back less than that
-    after its cap evicted some is reported (an alert: raise `tenant_cap`)."""
+    tenant (a tenant's traffic evicts only its own records while a region is free; after that
+    the largest tenant's oldest go first, never a tenant's whole history); `block_max_age_s`:
+    how long a server may keep an unused cached block: a tenant whose records reach back less
+    than that after its cap evicted some is reported (an alert: raise `tenant_cap`)."""
 
     capacity: int = 1 << 20
     tenant_cap: int = 1 << 14

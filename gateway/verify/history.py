@@ -31,8 +31,8 @@ class Presence(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class Reach:
     """How far back one tenant's records are complete: every record it wrote since
-    `complete_since` is held (the history's start, its region's claim, or the newest record
-    the tenant's cap evicted, whichever is latest)."""
+    `complete_since` is held (the history's start, when the tenant first recorded there, or the
+    newest of its records evicted, whichever is latest)."""
 
     tenant: int
     entries: int

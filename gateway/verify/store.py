@@ -1,12 +1,14 @@
-"""The detective's history in a memory-mapped file every worker of one gateway shares: per
-tenant a region of `tenant_cap` slots, each slot a prefix key, the namespace that recorded it,
-when, and the recording request's nonce. Keys are keyed digests, never prompt text.
+"""The detective's history in a memory-mapped file every worker of one gateway shares: `capacity`
+slots in regions of `tenant_cap`, each slot a prefix key, the namespace that recorded it, its
+tenant, when, and the recording request's nonce. Keys are keyed digests, never prompt text.
 
-Invariant: every read and write happens under an exclusive `flock` of the file; a tenant's
-records live in its own region, so no tenant's traffic can evict another tenant's records (a
-full bucket evicts the region's own oldest entry, and that moves only this tenant's
-`complete_since`); a region is handed to another tenant only when every region is taken, and
-the tenant that loses it starts over as a tenant with a young history.
+Invariant: every read and write happens under an exclusive `flock` of the file; each tenant has
+a home region and no tenant holds more than `tenant_cap` records; a tenant's records are never
+handed to another tenant: while a free region is left each new tenant gets its own (so its
+traffic evicts only its own oldest records), and after that a new tenant shares the home of the
+largest tenant, whose oldest records in a full bucket go first (the largest tenant present in
+the bucket loses its oldest). A tenant starts over only when more than `capacity / 8` tenants
+hold records (the directory is full), and then the one with the fewest records goes.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from typing import Final
 
 from gateway.verify.history import Presence, Reach, Recorder
 
-MAGIC: Final = b"KVFHIST2"
-OLD_MAGIC: Final = b"KVFHIST1"  # namespace-keyed digests, one global completeness time
+MAGIC: Final = b"KVFHIST3"
+OLD_MAGICS: Final = (b"KVFHIST1", b"KVFHIST2")  # earlier layouts: nothing to keep
 _HEAD: Final = struct.Struct("<8sIId")  # magic, slots per region, regions, created
-_DIR: Final = struct.Struct("<QdddI4x")  # tenant tag, claimed, newest evicted, last used, entries
+# tenant tag, claimed, newest evicted, last used, entries, home region
+_DIR: Final = struct.Struct("<QdddII")
 HEADER_BYTES: Final = 4096
 BUCKET: Final = 8  # slots probed per key
-SLOT_BYTES: Final = 24  # key u64, namespace u64, seen u32, nonce u32
+SLOT_BYTES: Final = 28  # key u64, namespace u64, seen u32, nonce u32, owner u32 (row + 1)
 
 
 class FingerprintStore:
@@ -39,13 +42,15 @@ class FingerprintStore:
     def __init__(self, path: Path, capacity: int, tenant_cap: int) -> None:
         cap = max(BUCKET, tenant_cap - tenant_cap % BUCKET)
         regions = max(1, capacity // cap)
-        dir_bytes = -(-regions * _DIR.size // 4096) * 4096
-        size = HEADER_BYTES + dir_bytes + regions * cap * SLOT_BYTES
+        n = regions * cap
+        rows = n // BUCKET
+        dir_bytes = -(-rows * _DIR.size // 4096) * 4096
+        size = HEADER_BYTES + dir_bytes + n * SLOT_BYTES
         self.path = path
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         with self._locked():
-            if os.pread(self._fd, len(OLD_MAGIC), 0) == OLD_MAGIC:
-                os.ftruncate(self._fd, 0)  # keys of an earlier release: nothing to keep
+            if os.pread(self._fd, len(MAGIC), 0) in OLD_MAGICS:
+                os.ftruncate(self._fd, 0)
             if os.fstat(self._fd).st_size == 0:
                 os.ftruncate(self._fd, size)
                 os.pwrite(self._fd, _HEAD.pack(MAGIC, cap, regions, time.time()), 0)
@@ -58,17 +63,20 @@ class FingerprintStore:
                     "changed?): move it away and restart"
                 )
         self.created = float(created)
-        self.cap, self.regions = cap, regions
+        self.cap, self.regions, self.rows = cap, regions, rows
         self._map = mmap.mmap(self._fd, size)
+        head = memoryview(self._map)[HEADER_BYTES : HEADER_BYTES + rows * _DIR.size]
+        self._dir_words = head.cast("Q")  # 5 words a row: tag first, entries | home << 32 last
         body = memoryview(self._map)[HEADER_BYTES + dir_bytes :]
-        n = regions * cap
         self._keys = body[: n * 8].cast("Q")
         self._ns = body[n * 8 : n * 16].cast("Q")
         self._seen = body[n * 16 : n * 20].cast("I")
         self._nonce = body[n * 20 : n * 24].cast("I")
-        self._views = (self._keys, self._ns, self._seen, self._nonce, body)
-        self._slots_at = HEADER_BYTES + dir_bytes
-        self._region_of: dict[int, int] = {}
+        self._owner = body[n * 24 : n * 28].cast("I")
+        self._views = (
+            self._dir_words, head, self._keys, self._ns, self._seen, self._nonce, self._owner, body
+        )  # fmt: skip
+        self._row_of: dict[int, int] = {}
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -78,38 +86,58 @@ class FingerprintStore:
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def _dir(self, r: int) -> tuple[int, float, float, float, int]:
-        tag, claimed, evicted, used, entries = _DIR.unpack_from(
+    def _dir(self, r: int) -> tuple[int, float, float, float, int, int]:
+        tag, claimed, evicted, used, entries, home = _DIR.unpack_from(
             self._map, HEADER_BYTES + r * _DIR.size
         )
-        return int(tag), float(claimed), float(evicted), float(used), int(entries)
+        return int(tag), float(claimed), float(evicted), float(used), int(entries), int(home)
 
     def _set_dir(self, r: int, *fields: float | int) -> None:
         _DIR.pack_into(self._map, HEADER_BYTES + r * _DIR.size, *fields)
 
-    def _region(self, tenant: int, now: float, claim: bool) -> int | None:
-        """The tenant's region; with `claim`, one is taken for it (free, else least used)."""
-        r = self._region_of.get(tenant)
-        if r is not None and self._dir(r)[0] == tenant:
+    def _entries(self, r: int) -> int:
+        return int(self._dir_words[r * 5 + 4]) & 0xFFFFFFFF
+
+    def _row(self, tenant: int, now: float, claim: bool) -> int | None:
+        """The tenant's directory row; with `claim`, one is made for it."""
+        r = self._row_of.get(tenant)
+        if r is not None and self._dir_words[r * 5] == tenant:
             return r
-        found = next((i for i in range(self.regions) if self._dir(i)[0] == tenant), None)
+        tags = self._dir_words[0::5].tolist()
+        found = tags.index(tenant) if tenant in tags else None
         if found is None and claim:
-            found = min(range(self.regions), key=lambda i: (self._dir(i)[0] != 0, self._dir(i)[3]))
-            self._clear(found)
-            self._set_dir(found, tenant, now, 0.0, now, 0)
+            found = self._claim(tags, now)
+            self._set_dir(found, tenant, now, 0.0, now, 0, self._home(tags))
         if found is not None:
-            self._region_of[tenant] = found
+            self._row_of[tenant] = found
         return found
 
-    def _clear(self, r: int) -> None:
-        """Zero region r's slots in each of the four arrays (a new tenant starts empty)."""
-        n, at = self.regions * self.cap, self._slots_at
-        for width, offset in ((8, 0), (8, 8 * n), (4, 16 * n), (4, 20 * n)):
-            lo = at + offset + r * self.cap * width
-            self._map[lo : lo + self.cap * width] = bytes(self.cap * width)
+    def _claim(self, tags: list[int], now: float) -> int:
+        """A free row; with none left, the row of the tenant with the fewest records (least
+        recently used among them), whose records are cleared."""
+        if 0 in tags:
+            return tags.index(0)
+        r = min(range(self.rows), key=lambda i: (self._entries(i), self._dir(i)[3]))
+        if self._entries(r):
+            mine = r + 1
+            for slot, owner in enumerate(self._owner.tolist()):
+                if owner == mine:
+                    self._keys[slot] = self._ns[slot] = self._owner[slot] = 0
+        tags[r] = 0
+        return r
 
-    def _bucket(self, r: int, key: int) -> range:
-        base = r * self.cap + key % self.cap // BUCKET * BUCKET
+    def _home(self, tags: list[int]) -> int:
+        """A region no tenant calls home; with none left, the largest tenant's home."""
+        last = self._dir_words[4::5].tolist()  # entries | home << 32, per row
+        live = [word for tag, word in zip(tags, last, strict=True) if tag]
+        taken = {word >> 32 for word in live}
+        free = next((g for g in range(self.regions) if g not in taken), None)
+        if free is not None:
+            return free
+        return int(max(live, key=lambda word: word & 0xFFFFFFFF) >> 32)
+
+    def _bucket(self, region: int, key: int) -> range:
+        base = region * self.cap + key % self.cap // BUCKET * BUCKET
         return range(base, base + BUCKET)
 
     async def record(self, who: Recorder, keys: Sequence[int], nonce: int) -> list[bool]:
@@ -118,55 +146,71 @@ class FingerprintStore:
     def record_now(self, who: Recorder, keys: Sequence[int], nonce: int, now: float) -> list[bool]:
         stamp = int(now)
         with self._locked():
-            r = self._region(who.tenant, now, claim=True)
-            assert r is not None
-            tag, claimed, evicted, _, entries = self._dir(r)
+            row = self._row(who.tenant, now, claim=True)
+            assert row is not None
+            home = self._dir(row)[5]
             before = []
             for key in keys:
-                was, grew, dropped = self._put(r, key, who.namespace, stamp, nonce)
+                was, victim, dropped = self._put(home, row, key, who.namespace, stamp, nonce)
                 before.append(was)
-                entries += grew
-                evicted = max(evicted, dropped)
-            self._set_dir(r, tag, claimed, evicted, now, entries)
+                if victim is not None:
+                    tag, claimed, evicted, used, entries, region = self._dir(victim)
+                    self._set_dir(victim, tag, claimed, max(evicted, dropped), used, entries - 1,
+                                  region)  # fmt: skip
+                if not was:
+                    tag, claimed, evicted, _, entries, region = self._dir(row)
+                    self._set_dir(row, tag, claimed, evicted, now, entries + 1, region)
+            tag, claimed, evicted, _, entries, region = self._dir(row)
+            self._set_dir(row, tag, claimed, evicted, now, entries, region)
         return before
 
-    def _put(self, r: int, key: int, ns: int, stamp: int, nonce: int) -> tuple[bool, int, float]:
-        """(recorded before, slots newly used, seen time of an entry evicted for it)."""
-        bucket = self._bucket(r, key)
-        free = oldest = None
-        for slot in bucket:
-            held = self._keys[slot]
-            if held == key and self._ns[slot] == ns:
+    def _put(
+        self, region: int, row: int, key: int, ns: int, stamp: int, nonce: int
+    ) -> tuple[bool, int | None, float]:
+        """(recorded before, the row whose entry was evicted for it, that entry's seen time)."""
+        mine = row + 1
+        free = victim = None
+        for slot in self._bucket(region, key):
+            owner = self._owner[slot]
+            if self._keys[slot] == key and self._ns[slot] == ns and owner == mine:
                 self._seen[slot], self._nonce[slot] = stamp, nonce
-                return True, 0, 0.0
-            if held == 0:
+                return True, None, 0.0
+            if owner == 0:
                 free = slot if free is None else free
-            elif oldest is None or self._seen[slot] < self._seen[oldest]:
-                oldest = slot
+            elif victim is None or self._older(slot, victim):
+                victim = slot
+        evicted: int | None = None
+        dropped = 0.0
         if free is not None:
-            slot, grew, dropped = free, 1, 0.0
+            slot = free
         else:
-            assert oldest is not None
-            slot, grew, dropped = oldest, 0, float(self._seen[oldest])
-        self._keys[slot], self._ns[slot] = key, ns
+            assert victim is not None
+            slot, evicted, dropped = victim, self._owner[victim] - 1, float(self._seen[victim])
+        self._keys[slot], self._ns[slot], self._owner[slot] = key, ns, mine
         self._seen[slot], self._nonce[slot] = stamp, nonce
-        return False, grew, dropped
+        return False, evicted, dropped
+
+    def _older(self, slot: int, than: int) -> bool:
+        """Whether `slot` goes before `than`: its tenant holds more records, or as many and it
+        is older."""
+        a, b = self._entries(self._owner[slot] - 1), self._entries(self._owner[than] - 1)
+        return a > b or (a == b and self._seen[slot] < self._seen[than])
 
     async def presence(
         self, who: Recorder, keys: Sequence[int], nonce: int, before: Sequence[bool]
     ) -> list[Presence]:
         with self._locked():
-            own_region = self._region(who.tenant, 0.0, claim=False)
-            claimed = [r for r in range(self.regions) if self._dir(r)[0] != 0]
+            row = self._row(who.tenant, 0.0, claim=False)
+            mine = -1 if row is None else row + 1
             out = []
             for key, was in zip(keys, before, strict=True):
                 own, other = was, 0
-                for r in claimed:
-                    for slot in self._bucket(r, key):
-                        if self._keys[slot] != key:
+                for region in range(self.regions):
+                    for slot in self._bucket(region, key):
+                        if self._keys[slot] != key or not self._owner[slot]:
                             continue
                         ns = int(self._ns[slot])
-                        if r == own_region and ns == who.namespace:
+                        if self._owner[slot] == mine and ns == who.namespace:
                             own = own or self._nonce[slot] != nonce
                         elif not other:
                             other = ns
@@ -175,11 +219,10 @@ class FingerprintStore:
 
     async def reach(self) -> list[Reach]:
         with self._locked():
-            rows = [self._dir(r) for r in range(self.regions)]
+            rows = [self._dir(r) for r, tag in enumerate(self._dir_words[0::5].tolist()) if tag]
         return [
             Reach(tag, entries, self.cap, max(self.created, claimed, evicted), evicted > 0)
-            for tag, claimed, evicted, _, entries in rows
-            if tag
+            for tag, claimed, evicted, _, entries, _ in rows
         ]
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ persisted, stopped (and restartable on the same port) on demand."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -11,14 +12,24 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 REDIS = shutil.which("redis-server")
-# The gateways' ACL user's rules as deploy/compose.fleet.yml and deploy/k8s give them.
+ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_USER = "kvfence-gateway"
-GATEWAY_RULES = (
-    "~kvf2:* resetchannels -@all +@read +@write +@transaction +@connection -@dangerous"
-    " +evalsha +eval +script|load"
-)
+
+
+def deployed_rules() -> str:
+    """The gateways' ACL user's rules as deploy/compose.fleet.yml writes them (tests/test_deploy.py
+    holds deploy/k8s and docs/fleet.md to the same line)."""
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.fleet.yml").read_text())
+    words = " ".join(compose["services"]["redis"]["command"][2].split())
+    found = re.search(rf"user {GATEWAY_USER} on >%s (.*?)\\n'", words)
+    assert found is not None, "no ACL line for the gateways' user in deploy/compose.fleet.yml"
+    return found.group(1)
+
+
+GATEWAY_RULES = deployed_rules()
 
 
 def gateway_acl(password: str) -> tuple[str, ...]:

@@ -120,32 +120,49 @@ async def test_one_replica_runs_each_due_canary_round(redis_server: RedisServer)
 
 
 async def test_an_acl_user_reaches_a_redis_that_refuses_everyone_else(tmp_path: Path) -> None:
-    """Redis as deployed: its default user off, the gateways' ACL user with a password and no
-    command that could empty or reconfigure the store."""
+    """Redis as deployed (the rules read from deploy/compose.fleet.yml): its default user off,
+    the gateways' ACL user allowed exactly what the gateways send, and nothing that could list,
+    empty, script, stall or reconfigure the store."""
     need_redis()
-    server = RedisServer(tmp_path, gateway_acl(PEPPER))
+    inspector = ("--user", "inspector", "on", ">inspect", "~*", "&*", "+@all")  # reads ACL LOG
+    debug = ("--enable-debug-command", "yes")  # so that the ACL is what refuses DEBUG
+    server = RedisServer(tmp_path, (*gateway_acl(PEPPER), *inspector, *debug))
     server.start()
     try:
         password = f"username: {GATEWAY_USER}, password: {{env: PEPPER}}"
         async with two_gateways(server, limits="requests_per_s: 100", redis=password) as gws:
             assert [await status(gw) for gw in gws[:2]] == [200, 200]
             await gws[0].app[WATCH].apply("a", lambda h: dataclasses.replace(h, rounds=1))
+            await gws[1].app[VERIFY].health.refresh()
+            assert gws[1].app[VERIFY].health.get("a").rounds == 1
+            assert await gws[0].app[VERIFY].health.claim_round("a", 60.0)
+            assert not await gws[1].app[VERIFY].health.claim_round("a", 60.0)
             store = gws[0].app[SHARED]
             assert store.up
             # Every table the fleet keeps works under the deployed rules: the detective's
-            # history (a script).
-            history = SharedHistory(store, b"s" * 32, HistorySettings())
+            # history (its cap trimming too).
+            history = SharedHistory(store, b"s" * 32, HistorySettings(tenant_cap=64))
             who = Recorder(tenant=1, namespace=2)
             assert await history.record(who, [5, 6], nonce=7) == [False, False]
             found = await history.presence(who, [5, 6], 8, [False, False])
             assert all(p.own for p in found)
+            await history.record(who, list(range(100, 170)), nonce=9)
+            [reach] = await history.reach()
+            assert reach.entries == 64 and reach.evicted
             assert store.up
+        with redis.Redis.from_url(server.url, username="inspector", password="inspect") as admin:
+            assert admin.acl_log() == []  # nothing the gateways sent was refused
         with redis.Redis.from_url(server.url) as anyone, pytest.raises(redis.AuthenticationError):
             anyone.keys("*")
         gateway = redis.Redis.from_url(server.url, username=GATEWAY_USER, password=PEPPER)
+        forbidden = [("SCAN", "0"), ("KEYS", "*"), ("EVAL", "while true do end", "0"),
+                     ("EVALSHA", "0" * 40, "0"), ("SCRIPT", "LOAD", "return 1"), ("FLUSHALL",),
+                     ("FLUSHDB",), ("DEBUG", "SLEEP", "0"), ("CONFIG", "GET", "*"),
+                     ("SHUTDOWN",), ("SELECT", "1"), ("GET", "other:key")]  # fmt: skip
         with gateway:
-            for forbidden in (gateway.flushall, gateway.script_flush, lambda: gateway.keys("*")):
+            for command in forbidden:
                 with pytest.raises(redis.exceptions.NoPermissionError):
-                    forbidden()
+                    gateway.execute_command(*command)
+            assert gateway.ping()
     finally:
         server.stop()

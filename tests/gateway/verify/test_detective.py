@@ -188,14 +188,65 @@ async def test_the_history_is_shared_between_workers(tmp_path: Path) -> None:
     two.close()
 
 
-async def test_with_every_region_taken_the_least_used_tenant_starts_over(tmp_path: Path) -> None:
-    store = FingerprintStore(tmp_path / "h.bin", 1024, 512)  # room for two tenants
+async def test_with_every_region_taken_a_new_tenant_shares_the_largest_ones(
+    tmp_path: Path,
+) -> None:
+    store = FingerprintStore(tmp_path / "h.bin", 1024, 512)  # two regions
     store.record_now(Recorder(1, 11), [5], 1, 100.0)
-    store.record_now(Recorder(2, 22), [6], 2, 200.0)
-    store.record_now(Recorder(3, 33), [7], 3, 300.0)  # takes tenant 1's region
-    assert {r.tenant for r in await store.reach()} == {2, 3}
+    store.record_now(Recorder(2, 22), [6, 8], 2, 200.0)
+    store.record_now(Recorder(3, 33), [7], 3, 300.0)  # shares tenant 2's region
+    assert {r.tenant: r.entries for r in await store.reach()} == {1: 1, 2: 2, 3: 1}
     seen = await store.presence(Recorder(1, 11), [5], 9, [False])
-    assert not seen[0].own and not seen[0].other
+    assert seen[0].own  # tenant 1 keeps its record
+    seen = await store.presence(Recorder(3, 33), [5, 6, 7], 9, [False] * 3)
+    assert [(p.own, p.other) for p in seen] == [(False, 11), (False, 22), (True, 0)]
+    store.close()
+
+
+async def test_under_capacity_pressure_a_quiet_tenants_prompt_is_still_attributed(
+    tmp_path: Path,
+) -> None:
+    """More tenants than regions, one of them sending far more than the rest: the quiet tenant
+    that sent one prompt long ago keeps it, so a server that serves another namespace a hit on
+    that prompt is caught (`violation`), as it was before the pressure."""
+    store = FingerprintStore(tmp_path / "h.bin", 1 << 10, 64)  # 16 regions
+    detective = Detective(store, b"s" * 32)
+    await detective.record(BOUND, "quiet", "ns-quiet", "m", CHAT, chat(DOC))  # long ago
+    for i in range(40):  # 40 tenants; the first sends ten times as much
+        for j in range(10 if i else 100):
+            body = chat(f"tenant {i} asks question {j} about shipping pallets abroad")
+            await detective.record(BOUND, f"t{i}", f"ns-{i}", "m", CHAT, body)
+    assert len({r.tenant for r in await store.reach()}) == 41
+    other = await detective.record(BOUND, "globex", "ns-b", "m", CHAT, chat(DOC))
+    leaked = await detective.judge(other, None, 200, True)
+    assert (leaked.verdict, leaked.reason) == (Verdict.VIOLATION, ATTRIBUTED)
+    assert leaked.other == fp.label_of(fp.namespace_tag("ns-quiet"))
+    again = await detective.record(BOUND, "quiet", "ns-quiet", "m", CHAT, chat(DOC))
+    assert (await detective.judge(again, None, 200, True)).reason == OWN  # its own, still
+    store.close()
+
+
+async def test_a_new_tenant_takes_room_from_the_largest_tenants_oldest_records(
+    tmp_path: Path,
+) -> None:
+    store = FingerprintStore(tmp_path / "h.bin", 1024, 256)  # four regions of 256
+    for tenant in (1, 2, 3):
+        store.record_now(Recorder(tenant, tenant * 11), [tenant], 1, 10.0)
+    big = Recorder(4, 44)
+    full = [256 * i for i in range(1, 9)]  # eight keys of one bucket: it is full
+    for at, key in enumerate(full):
+        store.record_now(big, [key], 2, 100.0 + at)
+    new = Recorder(5, 55)  # every region is taken: it shares the largest tenant's
+    store.record_now(new, [256 * 9, 256 * 10, 256 * 11], 3, 200.0)
+    seen = await store.presence(big, full, 9, [False] * 8)
+    assert [p.own for p in seen] == [False] * 3 + [True] * 5  # its three oldest went
+    assert all(p.own for p in await store.presence(new, [2304, 2560, 2816], 9, [False] * 3))
+    for tenant in (1, 2, 3):  # nobody else lost anything
+        [p] = await store.presence(Recorder(tenant, tenant * 11), [tenant], 9, [False])
+        assert p.own
+    reach = {r.tenant: r for r in await store.reach()}
+    assert reach[4].evicted and reach[4].entries == 5
+    assert not any(reach[t].evicted for t in (1, 2, 3, 5))
     store.close()
 
 
