@@ -56,16 +56,54 @@ def test_every_gateway_module_has_a_layer() -> None:
     assert [m for m, _ in modules() if m != "gateway" and layer(m) is None] == []
 
 
+def imported(module: str, node: ast.AST) -> list[str]:
+    """The gateway modules (or names in them) an import statement reaches, in every form:
+    `import gateway.x`, `from gateway.x import y`, `from gateway import x`, relative ones."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:  # relative: from the importing module's package
+        package = module.split(".")[: -node.level] if node.level else []
+        base = ".".join([*package, *([base] if base else [])])
+    return [base, *(f"{base}.{a.name}" for a in node.names)]
+
+
+def upward_imports(module: str, source: str) -> list[str]:
+    """Imports of `module` (module-level or deferred, any form) from a layer above its own."""
+    mine = layer(module)
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        for target in imported(module, node):
+            if not target.startswith("gateway."):
+                continue
+            theirs = layer(target)
+            if mine is not None and theirs is not None and theirs > mine:
+                found.append(f"{module} imports {target}")
+    return found
+
+
 def test_imports_run_down_the_layers() -> None:
     upward = []
     for module, path in modules():
-        mine = layer(module)
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gateway."):
-                theirs = layer(node.module or "")
-                if mine is not None and theirs is not None and theirs > mine:
-                    upward.append(f"{module} imports {node.module}")
+        upward += upward_imports(module, path.read_text())
     assert upward == []
+
+
+def test_every_upward_import_form_is_caught() -> None:
+    forms = [
+        "from gateway.app import CHAIN",
+        "import gateway.routing.failover",
+        "from gateway import app",
+        "from gateway.routing import failover",
+        "def later():\n    from gateway import app\n",
+        "def later():\n    import gateway.filters.authn\n",
+        "from ..routing import failover",
+    ]
+    for source in forms:
+        assert upward_imports("gateway.policy.model", source), source
+    assert upward_imports("gateway.policy.model", "from gateway.errors import GatewayError") == []
 
 
 def test_the_top_level_holds_composition_and_core_only() -> None:
