@@ -29,7 +29,7 @@ if __package__ in (None, ""):
 import aiohttp
 
 from bench.machine import describe
-from gateway.fleet.local_registry import FileRegistry
+from gateway.control.offline import OfflineRegistry
 from gateway.policy import registry as reg
 from kvfence.apikey import key_digest, mint_key
 from tests.fakes.openai_upstream import FakeUpstream
@@ -78,7 +78,7 @@ async def _answers(url: str, key: str, status: int) -> bool:
         return False
 
 
-async def _trial(url: str, store: FileRegistry, pepper: bytes) -> float:
+async def _trial(url: str, store: OfflineRegistry, pepper: bytes) -> float:
     key = mint_key()
     digest = key_digest(pepper, key)
     store.update(lambda doc: reg.new_key(doc, "acme", digest, known=["acme"]))
@@ -110,8 +110,8 @@ async def run(trials: int) -> dict[str, object]:
         try:
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             await until(lambda: _answers(url, mint_key(), 401), timeout_s=60, what="started")
-            store = FileRegistry(folder / "state" / "registry.json")
             pepper = (folder / "pepper").read_bytes()
+            store = OfflineRegistry(state_dir=folder / "state", pepper=pepper)
             times = [await _trial(url, store, pepper) for _ in range(trials)]
         finally:
             os.killpg(proc.pid, signal.SIGTERM)

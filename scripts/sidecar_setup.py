@@ -1,12 +1,12 @@
-"""State for scripts/sidecar: secrets, the tenant registry and the policy that puts the gateway
-in front of a vLLM, all in .kvfence/sidecar/ (mode 0700). Existing secrets are kept; tenants live
-in the registry (state/registry.json), so every run keeps every tenant there, whoever added it
-(`kvfence tenants add`, an earlier run's `--tenant`): a run adds the tenants it is asked for
-(acme, globex and each `--tenant NAME`) that are missing, each with a key in keys/NAME, and
-removes none. The policy is rewritten each run, so the ports given on the command line are the
-only ones used, but its namespace keys are the previous policy's: a rotation (`--rotate-namespace-
-key`, or an edit of `namespace_keys`) stays. `--block-size` without a value asks the running vLLM
-for its KV block size."""
+"""State for scripts/sidecar: secrets, the tenant registry and the policy that puts the gateway in
+front of a vLLM, all in .kvfence/sidecar/ (mode 0700). Existing secrets are kept; tenants live
+in the registry (the control database, state/control.db), so every run keeps every tenant there,
+whoever added it (`kvfence tenants add`, an earlier run's `--tenant`): a run adds the tenants it
+is asked for (acme, globex and each `--tenant NAME`) that are missing, each with a key in
+keys/NAME, and removes none. The policy is rewritten each run, so the ports given on the command
+line are the only ones used, but its namespace keys are the previous policy's: a rotation
+(`--rotate-namespace- key`, or an edit of `namespace_keys`) stays. `--block-size` without a
+value asks the running vLLM for its KV block size."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def policy(
 ) -> str:
     exact = f"tokenizer: {json.dumps(str(tokenizer))}, " if tokenizer else ""
     return f"""# Written by scripts/sidecar on every run: change its options, not this file.
-# Tenants and keys are in the registry (state/registry.json): kvfence tenants, kvfence keys.
+# Tenants and keys are in the control database (state/control.db): kvfence tenants, kvfence keys.
 # namespace_keys stays across runs: scripts/sidecar rotate-namespace-key adds an active one.
 version: 1
 gateway:
