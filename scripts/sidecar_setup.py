@@ -5,7 +5,7 @@ whoever added it (`kvfence tenants add`, an earlier run's `--tenant`): a run add
 is asked for (acme, globex and each `--tenant NAME`) that are missing, each with a key in
 keys/NAME, and removes none. The policy is rewritten each run, so the ports given on the command
 line are the only ones used, but its namespace keys are the previous policy's: a rotation
-(`--rotate-namespace- key`, or an edit of `namespace_keys`) stays. `--block-size` without a
+(`--rotate-namespace-key`, or an edit of `namespace_keys`) stays. `--block-size` without a
 value asks the running vLLM for its KV block size."""
 
 from __future__ import annotations
