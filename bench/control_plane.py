@@ -211,12 +211,12 @@ async def main(outage_s: float) -> dict[str, Any]:
         t0 = time.monotonic()
         rows = await limits(Path(tmp))
         print("20 requests at once, in waves until one is refused whole (13 tokens an answer):")
-        print(
-            f"  {'framing':22} {'limit':18} {'requests':>8} {'served':>6} {'tokens':>6} {'over':>5}"
-        )
+        head = ("framing", "limit", "requests", "served", "tokens", "over")
+        print(f"  {head[0]:22} {head[1]:18} " + " ".join(f"{h:>8}" for h in head[2:]))
         for r in rows:
-            print(f"  {r['framing']:22} {r['limit']:18} {r['requests']:8} {r['served']:6} "
-                  f"{r['tokens']:6} {r['over_by']:5}")  # fmt: skip
+            cells = [r["requests"], r["served"], r["tokens"], r["over_by"]]
+            line = " ".join(f"{'-' if c is None else c:>8}" for c in cells)
+            print(f"  {r['framing']:22} {r['limit']:18} {line}")
         scenarios = await fleet(Path(tmp), outage_s)
         for name, figures in scenarios.items():
             print(f"{name}: {json.dumps(figures)}")

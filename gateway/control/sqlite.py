@@ -2,9 +2,9 @@
 synchronous commits), used by every worker of one gateway, each statement run off the event loop
 on one thread per worker.
 
-Invariant: every transaction starts with BEGIN IMMEDIATE, so transactions of all workers are
-serialised by SQLite's write lock and a read-check-write (a reservation, a compare-and-set) is
-atomic across processes; a commit is on disk before it is reported.
+Invariant: every transaction that names a lock starts with BEGIN IMMEDIATE, so those of all
+workers are serialised by SQLite's write lock and a read-check-write (a reservation, a
+compare-and-set) is atomic across processes; a commit is on disk before it is reported.
 """
 
 from __future__ import annotations
@@ -69,8 +69,11 @@ class SqliteEngine:
 
     @contextlib.asynccontextmanager
     async def transaction(self, lock: str | None = None) -> AsyncIterator[_Tx]:
+        # A named lock is a read-check-write: it takes SQLite's write lock first. A read takes a
+        # snapshot and waits for no one (WAL).
+        begin = "BEGIN IMMEDIATE" if lock is not None else "BEGIN"
         async with self._lock:  # one transaction at a time on this worker's connection
-            await self.run(lambda db: db.execute("BEGIN IMMEDIATE"))
+            await self.run(lambda db: db.execute(begin))
             try:
                 yield _Tx(self)
             except BaseException:
