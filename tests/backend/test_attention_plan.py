@@ -9,7 +9,7 @@ import torch
 from backend.model.attend import block_pieces
 from backend.model.attention_plan import plan_attention
 from backend.model.config import ModelConfig
-from tests.conftest import TEST_DEVICE, TINY
+from tests.kit.models import TEST_DEVICE, TINY
 
 # SmolLM2-135M's attention: 9 query heads over 3 KV heads of 64.
 SMOLLM2 = ModelConfig(30, 576, 9, 3, 64, 1536, 49152, 1e5, 1e-5, True, 8192, 1, (2,))

@@ -10,7 +10,7 @@ from backend.model import LoadedModel
 from backend.model.activation import SwiGLU
 from backend.model.linear import Projection
 from backend.model.llama import DenseCausalAttention
-from tests.conftest import TEST_DEVICE
+from tests.kit.models import TEST_DEVICE
 
 
 def test_earlier_logits_ignore_later_tokens(tiny_model: LoadedModel) -> None:
