@@ -201,7 +201,23 @@ def verify(
     """Check `receipt` (its JSON bytes) with what the tenant has: its request and response
     bytes, the inclusion proof, and the trust root it got out of band. The key set is the one
     the proof's log entry names (`keyset`, the served one, only without a proof)."""
-    report, root = Report(), root or Root()
+    root = root or Root()
+    report = _verify(receipt, keyset, request, response, proof, root)
+    if not root.given:
+        report.add("root", False, "no trust root given: pin the gateway's log key (--log-key), "
+                   "its fingerprint (--fingerprint) or a witness (--witness)")  # fmt: skip
+    return report
+
+
+def _verify(
+    receipt: bytes,
+    keyset: KeySet | None,
+    request: bytes | None,
+    response: bytes | None,
+    proof: str | None,
+    root: Root,
+) -> Report:
+    report = Report()
     parsed: InclusionProof | None = None
     try:
         doc = orjson.loads(receipt)
@@ -234,9 +250,6 @@ def verify(
     else:
         report.add("keys", False, "without --proof the key set is not bound to any root: the "
                    "receipt's signature alone proves nothing")  # fmt: skip
-    if not root.given:
-        report.add("root", False, "no trust root given: pin the gateway's log key (--log-key), "
-                   "its fingerprint (--fingerprint) or a witness (--witness)")  # fmt: skip
     scope, verdict = events[CACHE_SCOPE], events[VERDICT]
     report.summary = (
         f"namespace {scope.get('namespace')} ({scope.get('scope')} scope, "
