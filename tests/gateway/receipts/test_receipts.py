@@ -36,7 +36,14 @@ async def test_tenant_verifies_its_receipt(stack: Stack, stream: bool) -> None:
         assert response.endswith(b"data: [DONE]\n\n")  # the digest covers the SSE framing
     report = await stack.tenant("acme").verify(receipt_id, request, response)
     assert report.ok, report.checks
-    assert [c.name for c in report.checks] == ["signature", "request", "response", "log", "record", "keys"]
+    assert [c.name for c in report.checks] == [
+        "signature",
+        "request",
+        "response",
+        "log",
+        "record",
+        "keys",
+    ]
     doc = orjson.loads(await stack.tenant("acme").receipt(receipt_id))
     scope = next(e for e in doc["event_log"] if e["type"] == "kvfence.cache_scope")
     assert scope["partition"] == "gateway-enforced" and scope["scope"] == "tenant"

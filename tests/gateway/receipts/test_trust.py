@@ -56,7 +56,13 @@ async def test_forged_receipts_fail_with_and_without_a_pin(
             "witness": ["--witness", stack.keys.witness_vkey]}  # fmt: skip
 
     def run(receipt_file: str, keys_file: str, *extra: str) -> tuple[int, str]:
-        argv = ["receipt", "verify", str(tmp_path / receipt_file), "--proof", str(tmp_path / "proof")]
+        argv = [
+            "receipt",
+            "verify",
+            str(tmp_path / receipt_file),
+            "--proof",
+            str(tmp_path / "proof"),
+        ]
         code = kvfence([*argv, "--keys", str(tmp_path / keys_file), *extra])
         said = capsys.readouterr()
         return code, said.out + said.err
