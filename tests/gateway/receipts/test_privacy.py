@@ -22,8 +22,9 @@ async def observe(stack: Stack, receipt_ids: list[str]) -> list[int]:
     """Every whole number in everything the observer can fetch (bar its own receipts' times and
     ids, which it chose by asking): the quantities a count would leak through."""
     tenant, seen = stack.tenant("acme"), []
-    paths = ["/v1/kvfence/keys", "/v1/kvfence/log", "/v1/kvfence/log/checkpoint?old=0",
-             "/v1/kvfence/log/checkpoint?old=1", "/v1/kvfence/log?log=kvfence.test/log"]  # fmt: skip
+    log = "/v1/kvfence/log"
+    paths = ["/v1/kvfence/keys", log, f"{log}/checkpoint?old=0", f"{log}/checkpoint?old=1",
+             f"{log}?log=kvfence.test/log"]  # fmt: skip
     for rid in receipt_ids:
         paths += [f"/v1/kvfence/receipts/{rid}", f"/v1/kvfence/receipts/{rid}/proof"]
     for path in paths:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy.load import parse_policy
-from gateway.policy.node import PolicyError
 from gateway.control.receipts import ReceiptLedger
 from gateway.control.sqlite import SqliteEngine
 from gateway.control.store import ControlStore
+from gateway.policy.load import parse_policy
+from gateway.policy.node import PolicyError
 from gateway.receipts.store import HOUR, expiry_of, new_id
 from tests.kit.gateway import ENV, policy_text
 from tests.kit.receipts import ReceiptKeys, make_receipt_keys, with_receipts
@@ -44,8 +44,9 @@ async def test_receipts_expire_with_their_hour(tmp_path: Path) -> None:
     ledger = ReceiptLedger(ControlStore(SqliteEngine(tmp_path / "control.db")))
     receipt_id = new_id(keep_s=60)
     expires = float((expiry_of(receipt_id) or 0) * HOUR)
-    doc = await ledger.issue("log/tenant/a", "acme", receipt_id, expires, b"{}",
-                             lambda index, leaf: {"receipt_id": receipt_id, "index": index})  # fmt: skip
+    doc = await ledger.issue(
+        "log/tenant/a", "acme", receipt_id, expires, b"{}", lambda index, _: {"index": index}
+    )
     assert (await ledger.get(receipt_id)) is not None
     later = time.time() + 2 * HOUR + 60
     assert doc["index"] == 0 and await ledger.get(receipt_id, now=later) is None
