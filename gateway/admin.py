@@ -2,7 +2,8 @@
 the tenant listener. `GET /status` (readiness, each backend's health check and verification
 state) and `GET /metrics` need the admin token when one is set; actions (`POST /reload`,
 `POST /canary/{backend}`, `POST /quarantine/{backend}/release`) and the tenant registry's routes
-(`gateway.registry.admin`: tenants and keys) always need it.
+(`gateway.registry.admin`: tenants and keys) always need it. The witnessed logs' routes
+(`gateway.api.log`: every log, for the operator's witnesses) need it to hand back a cosignature.
 
 Invariant: no tenant API key opens anything here, and no route here exists on the tenant port.
 """
@@ -18,6 +19,8 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
+from gateway.api.log import admin_checkpoint, admin_cosignature, admin_list_logs
+from gateway.errors import GatewayError
 from gateway.metrics import METRICS
 from gateway.policy.prefixes import backend_status as public_status
 from gateway.policy.reload import HOLDER, RELOADER
@@ -155,6 +158,21 @@ async def reload(request: web.Request) -> web.Response:
     return _json({"reloaded": True, "policy": gateway[HOLDER].runtime.policy.summary()})
 
 
+def _witnessed(
+    handler: Callable[[web.Request, web.Application], Awaitable[web.Response]],
+) -> Handler:
+    """A witnessed log's route on the admin listener (every log: the audit log's chains and each
+    tenant's receipt log), its refusals in the admin listener's error shape."""
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request, request.app[GATEWAY])
+        except GatewayError as exc:
+            return _error(exc.status, exc.code, exc.message)
+
+    return route
+
+
 def create_admin_app(gateway: web.Application, worker: bool = False) -> web.Application:
     """The admin app for `gateway`; `worker` when it runs under the `--workers` supervisor."""
     app = web.Application(middlewares=[authorize])
@@ -165,5 +183,8 @@ def create_admin_app(gateway: web.Application, worker: bool = False) -> web.Appl
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/canary/{backend}", canary)
     app.router.add_post("/quarantine/{backend}/release", release)
+    app.router.add_get("/v1/kvfence/log", _witnessed(admin_list_logs))
+    app.router.add_get("/v1/kvfence/log/checkpoint", _witnessed(admin_checkpoint))
+    app.router.add_post("/v1/kvfence/log/cosignature", _witnessed(admin_cosignature))
     add_registry_routes(app, gateway)
     return app

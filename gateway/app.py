@@ -239,13 +239,13 @@ def create_app(
     app[LIVENESS] = Liveness()
     app[EDGE] = Edge(app[METRICS])
     app[AUDIT_SINK] = AuditSink(policy.gateway.audit_log, worker)
-    app[RECEIPTS] = Receipts()
     temporary = False
     if state_dir is None:
         state_dir, temporary = state_dir_for(policy)
     app[VERIFY] = Verification(policy, state_dir)
     shared_limits = open_shared(app, policy)  # gateway.shared: health and limits in Redis
     control = open_control(app, policy, state_dir)  # what must last: SQLite or PostgreSQL
+    app[RECEIPTS] = Receipts(control)  # receipts and their logs: in the control database
     open_registry(app, policy, state_dir)  # registry: tenants and keys, in the control database
 
     def backends() -> list[str]:

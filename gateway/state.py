@@ -85,3 +85,4 @@ RECEIVED_BODY = web.RequestKey("kvfence_received_body", bytes)  # filters.body
 SCOPE_VALUE = web.RequestKey("kvfence_scope_value", str)  # filters.namespace
 # The receipt id of the answer's settled exchange (an error answer carries it too).
 RECEIPT_ID = web.RequestKey("kvfence_receipt_id", str)  # receipts.service
+STREAM_OPEN = web.RequestKey("kvfence_stream_open", bool)  # audit.settle: its first byte may go

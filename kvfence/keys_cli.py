@@ -1,4 +1,5 @@
-"""`kvfence keys new|list|revoke|expire`: a tenant's API keys.
+"""`kvfence keys new|list|revoke|expire`: a tenant's API keys; `kvfence keys fingerprint`: the
+fingerprint of a gateway's receipt key set, the trust root its operator publishes.
 
 With a policy that has a tenant registry (`registry: true`), keys are the registry's: `new`
 mints one (an id, a label, an expiry, budgets), `list` shows them, `revoke` and `expire` end
@@ -77,6 +78,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the policy: its registry (if it has one), else its pepper and tenants",
     )
+    fp = sub.add_parser("fingerprint", help="the receipt key set's fingerprint, to publish")
+    fp.add_argument("source", help="the key set (GET /v1/kvfence/keys, a file) or the log key")
     listing = sub.add_parser("list", help="a registry's keys (ids, labels, states; never keys)")
     listing.add_argument("--tenant", help="only this tenant's")
     _target_options(listing)
@@ -203,7 +206,26 @@ def _registry_mode(args: argparse.Namespace) -> bool:
     return "registry" in _read_policy(args.policy)
 
 
+def _fingerprint(source: str) -> int:
+    from kvfence.note import NoteError, Verifier
+    from kvfence.receipt import KeySet, ReceiptError, fingerprint
+
+    try:
+        if os.path.exists(source):
+            with open(source, "rb") as fh:
+                log_key = KeySet.parse(orjson.loads(fh.read(1 << 20))).log
+        else:
+            log_key = Verifier.parse(source)
+    except (OSError, ValueError, NoteError, ReceiptError) as exc:
+        print(f"kvfence keys: {source}: {exc}", file=sys.stderr)
+        return 2
+    print(fingerprint(log_key))
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.action == "fingerprint":
+        return _fingerprint(args.source)
     if args.action != "new":
         from gateway.registry.cli import keys_main
 

@@ -136,6 +136,26 @@ def _receipt_key(entry: Any) -> ReceiptKey:
     return ReceiptKey(str(entry["key_id"]), public, entry.get("status", "active") == "active")
 
 
+def log_entry(receipt_id: str, verdict: str, status: int, namespace: str, keyset: KeySet) -> bytes:
+    """The receipt's entry in its tenant's receipt log (the leaf its proof includes): what the
+    verifier compares with the receipt, and the whole key set it was signed under, so the log
+    (signed by the log key, cosigned by witnesses) binds the receipt keys to that root."""
+    doc = {
+        "receipt_id": receipt_id,
+        "verdict": verdict,
+        "status": status,
+        "namespace": namespace,
+        "keyset": keyset.document(),
+    }
+    return canonical(doc)
+
+
+def fingerprint(log_key: Verifier) -> str:
+    """The key set's fingerprint an operator publishes: the digest of the log key (the
+    gateway's `workload_id`), which receipt key rotation never changes."""
+    return workload_id(log_key.key)
+
+
 def signing_input(doc: Mapping[str, Any]) -> bytes:
     """JCS of the receipt with only `signature.value` removed (ACI section 8.5)."""
     signature = doc.get("signature")

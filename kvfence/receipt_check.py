@@ -85,17 +85,41 @@ def _record_matches(record: bytes, doc: dict[str, Any], events: dict[str, Any]) 
     return f"the log's record disagrees on {', '.join(wrong)}" if wrong else None
 
 
+@dataclass(frozen=True, slots=True)
+class Root:
+    """What the tenant got out of band, from the gateway's operator or a witness: the log's key,
+    the key set's fingerprint (`kvfence keys fingerprint`), witnesses' keys. Verification starts
+    here; a key set is believed only once a checkpoint under this root includes it."""
+
+    log_key: Verifier | None = None
+    fingerprint: str | None = None
+    witnesses: tuple[Verifier, ...] = ()
+
+    @property
+    def given(self) -> bool:
+        return self.log_key is not None or bool(self.fingerprint) or bool(self.witnesses)
+
+
+def _entry_keyset(extra: bytes | None) -> KeySet | None:
+    """The key set the log's entry names (None: no entry, or not one of ours)."""
+    try:
+        entry = orjson.loads(extra) if extra is not None else None
+        return KeySet.parse(entry["keyset"]) if isinstance(entry, dict) else None
+    except (orjson.JSONDecodeError, KeyError, ReceiptError):
+        return None
+
+
 def _proof_check(
     report: Report,
-    proof_text: str,
+    proof: InclusionProof,
     doc: dict[str, Any],
     events: dict[str, Any],
-    log_key: Verifier,
-    witnesses: Sequence[Verifier],
+    keyset: KeySet,
+    root: Root,
 ) -> None:
     position = events[AUDIT_LOG]
+    log_key = root.log_key or keyset.log
     try:
-        proof = InclusionProof.parse(proof_text)
         text, _ = open_note(proof.note, [log_key])
         checkpoint = Checkpoint.parse(text)
         leaf = bytes.fromhex(str(position.get("leaf_hash")))
@@ -121,11 +145,35 @@ def _proof_check(
         f"record {proof.index} is in the checkpoint of {checkpoint.size} entries of "
         f"{checkpoint.origin}, signed by {log_key.name}",
     )
-    if proof.extra is not None:
-        problem = None if leaf_hash(proof.extra) == leaf else "the record is not the logged one"
-        problem = problem or _record_matches(proof.extra, doc, events)
-        report.add("record", problem is None, problem or "the log's record agrees with the receipt")
-    _witness_checks(report, proof.note, witnesses)
+    if proof.extra is None:
+        report.add("record", False, "the proof carries no record (its extra line)")
+        return
+    problem = None if leaf_hash(proof.extra) == leaf else "the record is not the logged one"
+    problem = problem or _record_matches(proof.extra, doc, events)
+    report.add("record", problem is None, problem or "the log's record agrees with the receipt")
+    _witness_checks(report, proof.note, root.witnesses)
+
+
+def _keys_check(report: Report, keyset: KeySet, logged: KeySet | None, root: Root) -> None:
+    """The key set that verified the signature is the one the log's entry names, under the
+    pinned root."""
+    if logged is None or logged.digest != keyset.digest:
+        report.add("keys", False, "the key set that signed the receipt is not the one its log "
+                   "entry names: a substituted key set")  # fmt: skip
+        return
+    if root.fingerprint and not same(root.fingerprint, keyset.workload_id):
+        report.add("keys", False, f"the key set's fingerprint {keyset.workload_id} is not the "
+                   f"pinned {root.fingerprint}")  # fmt: skip
+        return
+    if root.log_key is not None and root.log_key.vkey != keyset.log.vkey:
+        report.add("keys", False, "the key set names another log key than the pinned one")
+        return
+    pinned = (
+        f"log key {root.log_key.name}" if root.log_key is not None
+        else f"fingerprint {root.fingerprint[:23]}..." if root.fingerprint
+        else "the witnesses' cosignatures"
+    )  # fmt: skip
+    report.add("keys", True, f"key set {keyset.digest[:23]}... is in the log under {pinned}")
 
 
 def _witness_checks(report: Report, note: str, witnesses: Sequence[Verifier]) -> None:
@@ -143,38 +191,65 @@ def _witness_checks(report: Report, note: str, witnesses: Sequence[Verifier]) ->
 
 def verify(
     receipt: bytes,
-    keyset: KeySet,
+    keyset: KeySet | None,
     *,
     request: bytes | None = None,
     response: bytes | None = None,
     proof: str | None = None,
-    witnesses: Sequence[Verifier] = (),
-    log_key: Verifier | None = None,
+    root: Root | None = None,
 ) -> Report:
     """Check `receipt` (its JSON bytes) with what the tenant has: its request and response
-    bytes, the inclusion proof and the witnesses it trusts."""
+    bytes, the inclusion proof, and the trust root it got out of band. The key set is the one
+    the proof's log entry names (`keyset`, the served one, only without a proof)."""
+    root = root or Root()
+    report = _verify(receipt, keyset, request, response, proof, root)
+    if not root.given:
+        report.add("root", False, "no trust root given: pin the gateway's log key (--log-key), "
+                   "its fingerprint (--fingerprint) or a witness (--witness)")  # fmt: skip
+    return report
+
+
+def _verify(
+    receipt: bytes,
+    keyset: KeySet | None,
+    request: bytes | None,
+    response: bytes | None,
+    proof: str | None,
+    root: Root,
+) -> Report:
     report = Report()
+    parsed: InclusionProof | None = None
     try:
         doc = orjson.loads(receipt)
         events = check_shape(doc)
         report.receipt_id = str(doc.get("receipt_id"))
-        key = check_signature(doc, keyset)
-    except (orjson.JSONDecodeError, ReceiptError) as exc:
+        parsed = InclusionProof.parse(proof) if proof is not None else None
+        logged = _entry_keyset(parsed.extra) if parsed is not None else None
+        signer = logged or keyset
+        if signer is None:
+            raise ReceiptError("no key set: give the receipt's --proof (its entry names the "
+                               "key set) or --keys")  # fmt: skip
+        key = check_signature(doc, signer)
+    except (orjson.JSONDecodeError, ReceiptError, FormatError) as exc:
         report.add("signature", False, str(exc))
         return report
-    if not same(str(doc.get("workload_id")), keyset.workload_id):
+    if not same(str(doc.get("workload_id")), signer.workload_id):
         report.add("signature", False, "the receipt names another gateway (workload_id)")
         return report
-    rotated = "" if doc.get("workload_keyset_digest") == keyset.digest else ", an earlier key set"
-    report.add("signature", True, f"ed25519 key {key.key_id} of the gateway's key set{rotated}")
+    if doc.get("workload_keyset_digest") != signer.digest:
+        report.add("signature", False, "the receipt names another key set than the one given")
+        return report
+    report.add("signature", True, f"ed25519 key {key.key_id} of key set {signer.digest[:23]}...")
     if request is not None:
         _digest_check(report, "request", request, events[RECEIVED].get("body_hash"), RECEIVED)
     if response is not None:
         _digest_check(report, "response", response, events[RETURNED].get("wire_hash"), RETURNED)
-    if proof is not None:
-        _proof_check(report, proof, doc, events, log_key or keyset.log, witnesses)
-    elif witnesses:
-        report.add("witness", False, "--witness needs --proof (the receipt's tlog-proof)")
+    if parsed is not None:
+        _proof_check(report, parsed, doc, events, signer, root)
+        _keys_check(report, signer, logged, root)
+    else:
+        report.add("keys", False, "without --proof the key set is not bound to any root: the "
+                   "receipt's signature alone proves nothing")  # fmt: skip
     scope, verdict = events[CACHE_SCOPE], events[VERDICT]
     report.summary = (
         f"namespace {scope.get('namespace')} ({scope.get('scope')} scope, "

@@ -1,12 +1,13 @@
-"""`kvfence receipt verify RECEIPT --keys KEYSET [--request FILE] [--response FILE]
-[--proof FILE] [--witness VKEY ...] [--log-key VKEY]`: check a receipt offline
-(`kvfence.receipt_check`). The proof (a c2sp.org/tlog-proof, from GET
-/v1/kvfence/receipts/{id}/proof) carries the checkpoint the record is proven in; each --witness
-must have cosigned that checkpoint.
+"""`kvfence receipt verify RECEIPT --proof FILE (--log-key VKEY | --fingerprint FP |
+--witness VKEY ...) [--request FILE] [--response FILE] [--keys KEYSET]`: check a receipt offline
+(`kvfence.receipt_check`) from a trust root got out of band. The proof (a c2sp.org/tlog-proof,
+from GET /v1/kvfence/receipts/{id}/proof) carries the checkpoint the record is proven in and the
+record, which names the key set the receipt was signed under; each --witness must have cosigned
+that checkpoint.
 
-Exit 0 when every check given passed; 1 when one failed (an edited receipt, request or
-response, a record missing from the log, a checkpoint not cosigned); 2 when a file or key
-cannot be read.
+Exit 0 when every check passed; 1 when one failed (an edited receipt, request or response, a
+record missing from the log, a substituted key set, a checkpoint not cosigned, no trust root
+given); 2 when a file or key cannot be read.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import orjson
 
 from kvfence.note import NoteError, Verifier
 from kvfence.receipt import KeySet, ReceiptError
-from kvfence.receipt_check import verify
+from kvfence.receipt_check import Root, verify
 
 OK, FAILED, UNUSABLE = 0, 1, 2
 MAX_FILE = 64 << 20
@@ -30,8 +31,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     check = sub.add_parser("verify", help="verify a receipt offline")
     check.add_argument("receipt", type=Path, help="the receipt (GET /v1/kvfence/receipts/{id})")
     check.add_argument(
-        "--keys", type=Path, required=True, help="the gateway's key set (GET /v1/kvfence/keys)"
-    )
+        "--keys", type=Path, help="the gateway's key set (GET /v1/kvfence/keys); the proof's "
+        "record names it, so it is needed only without --proof",
+    )  # fmt: skip
     check.add_argument("--request", type=Path, help="the request body exactly as you sent it")
     check.add_argument("--response", type=Path, help="the response body exactly as you got it")
     check.add_argument(
@@ -43,8 +45,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a witness's verifier key (NAME+ID+KEY) that must have cosigned the checkpoint",
     )  # fmt: skip
     check.add_argument(
-        "--log-key", metavar="VKEY", help="pin the log's key instead of taking the key set's"
+        "--log-key", metavar="VKEY", help="trust root: the gateway's log key (NAME+ID+KEY)"
     )
+    check.add_argument(
+        "--fingerprint", metavar="FP",
+        help="trust root: the key set's fingerprint the operator publishes (sha256:...)",
+    )  # fmt: skip
 
 
 def _read(path: Path | None) -> bytes | None:
@@ -60,7 +66,8 @@ def _read(path: Path | None) -> bytes | None:
 def main(args: argparse.Namespace) -> int:
     try:
         receipt = _read(args.receipt) or b""
-        keyset = KeySet.parse(orjson.loads(_read(args.keys) or b"null"))
+        keys = _read(args.keys)
+        keyset = KeySet.parse(orjson.loads(keys)) if keys is not None else None
         request, response = _read(args.request), _read(args.response)
         proof_bytes = _read(args.proof)
         proof = proof_bytes.decode() if proof_bytes is not None else None
@@ -77,15 +84,12 @@ def main(args: argparse.Namespace) -> int:
         request=request,
         response=response,
         proof=proof,
-        witnesses=witnesses,
-        log_key=log_key,
+        root=Root(log_key, args.fingerprint, tuple(witnesses)),
     )
     for check in report.checks:
         print(f"{'ok    ' if check.ok else 'FAILED'} {check.name}: {check.message}")
     if report.ok:
         print(f"receipt {report.receipt_id}: verified; {report.summary}")
-        if proof is None:
-            print("  (no --proof: its record in the witnessed log was not checked)")
         return OK
     print(f"receipt {report.receipt_id}: NOT verified", file=sys.stderr)
     return FAILED

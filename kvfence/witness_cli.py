@@ -57,8 +57,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _call(request: urllib.request.Request) -> bytes:
     if urllib.parse.urlsplit(request.full_url).scheme not in ("http", "https"):
         raise ValueError(f"--url must be an http or https URL, not {request.full_url}")
-    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:  # noqa: S310
-        return bytes(answer.read(1 << 20))
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:  # noqa: S310
+            return bytes(answer.read(1 << 20))
+    except urllib.error.HTTPError as exc:
+        raise ValueError(f"the gateway answered {exc.code}: {_said(exc.read(1 << 16))}") from None
+
+
+def _said(body: bytes) -> str:
+    """The gateway's own message in an error answer (its `error.message`), else the body."""
+    try:
+        error = orjson.loads(body)["error"]
+        return str(error["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return body.decode("utf-8", "replace").strip()[:500] or "(no body)"
 
 
 def _get(url: str, key: str) -> bytes:

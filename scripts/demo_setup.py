@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from kvfence.apikey import key_digest, mint_key
+from kvfence.keyfile import generate_key, write_private_key
 
 TENANTS = ("acme", "globex")
 
@@ -49,6 +50,11 @@ gateway:
     key: {{file: secrets/audit-key}}
     anchor: anchor/audit.anchor   # outside the log's folder: shows a rollback
     fsync: batch
+    # The witnessed log (its key signs checkpoints) and a signed receipt per answer:
+    # docs/receipts.md. Add a witness's key to `witnesses` to have its cosignatures kept.
+    checkpoints: {{name: kvfence.local/log, key: {{file: secrets/log.key}}, interval_s: 1}}
+  receipts:
+    keys: [{{id: r1, private_key: {{file: secrets/receipt-r1.key}}, active: true}}]
   client_inputs: strip
   timeouts: {{connect_s: 5, first_byte_s: 120, idle_s: 60}}
   access_log: true
@@ -81,6 +87,7 @@ def create(state: Path, port: int, admin_port: int, backend_port: int) -> None:
     demo["gateway_url"] = f"http://127.0.0.1:{port}/v1"
     demo["admin_url"] = f"http://127.0.0.1:{admin_port}"
     _private(path, json.dumps(demo, indent=2))
+    ensure_receipt_keys(state / "secrets")
     (state / "policy.yaml").write_text(policy(port, admin_port, backend_port))
 
 
@@ -110,6 +117,13 @@ answer = client.chat.completions.create(
 print(answer.choices[0].message.content)
 PY
 """)
+
+
+def ensure_receipt_keys(secrets_dir: Path) -> None:
+    """The log's key and the first receipt key, made once (`kvfence keygen` makes the same)."""
+    for name in ("log.key", "receipt-r1.key"):
+        if not (secrets_dir / name).exists():
+            write_private_key(secrets_dir / name, generate_key())
 
 
 def main() -> int:

@@ -26,6 +26,7 @@ import yaml
 from gateway.control.offline import OfflineRegistry
 from gateway.policy import registry as reg
 from kvfence.apikey import TENANT_ID_RE, key_digest, mint_key
+from kvfence.keyfile import generate_key, write_private_key
 
 TENANTS = ("acme", "globex")
 SECRETS = ("namespace-key", "pepper", "audit-key", "admin-token")
@@ -140,6 +141,11 @@ gateway:
     path: audit/audit.jsonl
     key: {{file: secrets/audit-key}}
     anchor: anchor/audit.anchor   # outside the log's folder: shows a rollback
+    # The witnessed log (its key signs checkpoints) and a signed receipt per answer:
+    # docs/receipts.md. Add a witness's key to `witnesses` to have its cosignatures kept.
+    checkpoints: {{name: kvfence.local/log, key: {{file: secrets/log.key}}, interval_s: 1}}
+  receipts:
+    keys: [{{id: r1, private_key: {{file: secrets/receipt-r1.key}}, active: true}}]
 backends:
   - name: vllm
     kind: vllm
@@ -199,6 +205,13 @@ def ensure_tenants(state: Path, model: str, wanted: list[str], pepper: bytes) ->
     return added
 
 
+def ensure_receipt_keys(secrets_dir: Path) -> None:
+    """The log's key and the first receipt key, made once (`kvfence keygen` makes the same)."""
+    for name in ("log.key", "receipt-r1.key"):
+        if not (secrets_dir / name).exists():
+            write_private_key(secrets_dir / name, generate_key())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("state", type=Path)
@@ -244,6 +257,7 @@ def main() -> int:
     for name in SECRETS:
         if not (state / "secrets" / name).exists():
             _private(state / "secrets" / name, secrets.token_urlsafe(32))
+    ensure_receipt_keys(state / "secrets")
     pepper = (state / "secrets" / "pepper").read_bytes().rstrip(b"\r\n")
     wanted = list(dict.fromkeys([*TENANTS, *args.tenant]))
     added = ensure_tenants(state, args.model, wanted, pepper)

@@ -1,7 +1,8 @@
 """The tenant's receipt endpoints: `GET /v1/kvfence/receipts/{id}` (the signed receipt),
-`GET /v1/kvfence/receipts/{id}/proof` (its record's c2sp.org/tlog-proof in the latest witnessed
-checkpoint, or the latest signed one; one is made now when none covers it yet and the record is
-in this worker's chain) and `GET /v1/kvfence/keys` (the key set that verifies them).
+`GET /v1/kvfence/receipts/{id}/proof` (its entry's c2sp.org/tlog-proof in its tenant's receipt
+log, in the latest witnessed checkpoint, or the latest signed one; one is signed now when none
+covers it yet), from the control database, so any replica serves any receipt, and
+`GET /v1/kvfence/keys` (the key set that verifies them).
 
 Invariant: a receipt and its proof are served only to the tenant the receipt was issued to; any
 other request for an id (unknown, expired, another tenant's) gets the same 404.
@@ -9,20 +10,18 @@ other request for an id (unknown, expired, another tenant's) gets the same 404.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 from typing import Any
 
 from aiohttp import web
 
-from gateway.audit.chain.published import chain_of, inclusion, latest
-from gateway.audit.sink import AUDIT_SINK
+from gateway.control.engine import ControlRefused, ControlUnavailable
+from gateway.control.receipts import Stored
 from gateway.errors import NotFound, ProofPending, ReceiptNotFound
 from gateway.filters.authn import authenticate
 from gateway.receipts.service import RECEIPTS
-from gateway.receipts.store import Stored
+from gateway.receipts.store import expiry_of
 from gateway.state import RUNTIME, TENANT
-from kvfence.checkpoint import InclusionProof
 from kvfence.receipt import AUDIT_LOG
 
 _PROOF = "text/plain; charset=utf-8"
@@ -30,10 +29,15 @@ _PROOF = "text/plain; charset=utf-8"
 
 async def _owned(request: web.Request) -> Stored:
     await authenticate(request)
-    store = request.app[RECEIPTS].store(request[RUNTIME].policy)
-    if store is None:
+    if request[RUNTIME].policy.gateway.receipts is None:
         raise ReceiptNotFound()
-    stored = await asyncio.to_thread(store.get, request.match_info["id"])
+    receipt_id = request.match_info["id"]
+    try:
+        stored = (
+            await request.app[RECEIPTS].ledger.get(receipt_id) if expiry_of(receipt_id) else None
+        )
+    except (ControlUnavailable, ControlRefused):
+        raise ProofPending("receipts cannot be read now: retry shortly", 1.0) from None
     tenant = request[TENANT].id
     if stored is None or not hmac.compare_digest(stored.tenant.encode(), tenant.encode()):
         raise ReceiptNotFound()
@@ -53,26 +57,18 @@ def _position(receipt: dict[str, Any]) -> tuple[str, int]:
 async def get_proof(request: web.Request) -> web.Response:
     stored = await _owned(request)
     origin, index = _position(stored.receipt)
-    policy = request[RUNTIME].policy
-    audit = policy.gateway.audit_log
-    checkpoints = audit.checkpoints if audit is not None else None
-    chain = None if checkpoints is None else chain_of(origin, checkpoints.name, audit.path)  # type: ignore[union-attr]
-    if chain is None or checkpoints is None:
-        raise ReceiptNotFound()  # the log it names is no longer this gateway's
-    found = await asyncio.to_thread(latest, chain, index)
-    sink = request.app[AUDIT_SINK]
-    if found is None and chain.worker == sink.worker:
-        await sink.checkpoint(audit)  # on demand: the record is in this worker's chain
-        found = await asyncio.to_thread(latest, chain, index)
-    if found is None:
-        raise ProofPending(
-            "no checkpoint covers this receipt's record yet: retry shortly",
-            checkpoints.interval_s,
-        )
-    note, checkpoint = found
-    proof: InclusionProof = await asyncio.to_thread(
-        inclusion, chain, index, note, checkpoint.size, stored.record
-    )
+    receipts = request.app[RECEIPTS]
+    signer = receipts.signer(request[RUNTIME].policy)
+    if signer is None:
+        raise ReceiptNotFound()  # the gateway keeps no witnessed log any more
+    try:
+        found = await receipts.ledger.latest(origin, index)
+        if found is None:  # on demand: the record's own log, signed now
+            found = await receipts.ledger.checkpoint(origin, signer)
+        note, checkpoint = found
+        proof = await receipts.ledger.inclusion(origin, index, note, checkpoint.size, stored.record)
+    except (ControlUnavailable, ControlRefused):
+        raise ProofPending("receipts cannot be read now: retry shortly", 1.0) from None
     return web.Response(text=proof.format(), content_type="text/plain", charset="utf-8")
 
 

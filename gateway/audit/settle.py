@@ -1,21 +1,21 @@
 """Settle: the one place a judgement becomes what the client gets, its final audit record and
 (for a tenant with receipts) the answer's signed receipt: the verdict is counted, logged when it
-is not clean, traced (with `gateway.tracing`), and written to the audit log; the receipt names
-that record; a violation is reported to the watch (a live marker quarantines; a detective
-finding triggers a canary round shaped like the request); a withheld answer is replaced by a
-local error. Before a stream's first byte, `open_stream` writes the record that settling it
-completes. Only the exchange calls either.
+is not clean, traced (with `gateway.tracing`), and written to the audit log, which names the
+receipt stored just before it (or says why none could be); a violation is reported to the
+watch (a live marker quarantines; a detective finding triggers a canary round shaped like the
+request); a withheld answer is replaced by a local error. Before a stream's first byte,
+`open_stream` writes the record that settling it completes. Only the exchange calls either.
 
 Invariant: every request that reached the upstream step is settled exactly once; a stream's
 record is opened before a byte of it reaches the client; a record or a receipt that cannot be
-written raises `AuditWriteFailed`, so the answer fails closed (a stream before its first byte).
+written raises `AuditWriteFailed`, so the answer fails closed (a stream before its first byte); a
+record never names a receipt that was not stored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
 from aiohttp import web
@@ -27,10 +27,11 @@ from gateway.audit.trace import TRACES
 from gateway.errors import AttestationRefused, AuditWriteFailed, error_response
 from gateway.fleet.budgeter import BUDGETS
 from gateway.metrics import METRICS, Metrics
+from gateway.policy.model import Policy
 from gateway.receipts.draft import Draft
 from gateway.receipts.service import RECEIPTS
 from gateway.receipts.store import ReceiptWriteError
-from gateway.state import BODY, RECEIPT_ID, RESERVATION, RUNTIME, USED_TOKENS
+from gateway.state import BODY, RECEIPT_ID, RESERVATION, RUNTIME, STREAM_OPEN, USED_TOKENS
 from gateway.verify.evidence import canary_reason
 from gateway.verify.shapes import of_request
 from gateway.verify.watch import WATCH
@@ -95,25 +96,49 @@ async def settle(
         reservation = request.pop(RESERVATION)
         await asyncio.shield(request.app[BUDGETS].settle(reservation, request.get(USED_TOKENS, 0)))
     _count(request.app[METRICS], ctx, answer, judgement)
-    entry = record(ctx, answer, judgement, final_status, reason)
+    policy = request[RUNTIME].policy
+    lost = None
     if receipt is not None:
+        lost = await _issue(
+            request, policy, receipt, ctx, (answer, judgement), final_status, reason
+        )
+    entry = record(ctx, answer, judgement, final_status, reason)
+    if receipt is not None and lost is None:
         entry["receipt_id"] = receipt.receipt_id
+    elif lost is not None:  # the record says what the client got instead, and why
+        entry.update(receipt_id=None, receipt_error=str(lost), reason="receipt_write_failed")
+        if final_status < 400 and not request.get(STREAM_OPEN, False):
+            entry["status"] = AuditWriteFailed.status  # a stream ends with an error event
     if judgement.verdict not in _QUIET:
         log.warning("audit verdict", extra={"rid": ctx.request_id, **entry})
-    policy = request[RUNTIME].policy
-    after = None
+    await _write(request, ctx, entry)
+    if lost is not None:
+        _lost(request, ctx, lost)
     if receipt is not None:
-        after = request.app[RECEIPTS].writer(
-            policy, receipt, ctx, answer, judgement, final_status, reason
-        )
-    appended = await _write(request, ctx, entry, after)
-    if receipt is not None:
-        if appended is None:
-            _lost(request, ctx, ReceiptWriteError("receipts need the audit log"))
         request[RECEIPT_ID] = receipt.receipt_id
     if ctx.verifier is None and ctx.backend.verify is not None:
         await _report(request, ctx, answer)
     return local
+
+
+async def _issue(
+    request: web.Request,
+    policy: Policy,
+    receipt: Draft,
+    ctx: AuditContext,
+    judged: tuple[Answer, Judgement],
+    status: int,
+    reason: str | None,
+) -> ReceiptWriteError | None:
+    """Store the answer's receipt before its record is written (the record then names only a
+    receipt that exists); why it could not be, or None."""
+    try:
+        await asyncio.shield(
+            request.app[RECEIPTS].issue(request.app, policy, receipt, ctx, judged, status, reason)
+        )
+    except ReceiptWriteError as exc:
+        return exc
+    return None
 
 
 def _why(ctx: AuditContext, answer: Answer, verdict: Verdict) -> str:
@@ -145,22 +170,21 @@ async def open_stream(
     it cannot be written: the stream is then refused before any token."""
     entry = record(ctx, answer, judgement, answer.status, None, "open")
     await _write(request, ctx, entry, written=True)
+    request[STREAM_OPEN] = True
 
 
 async def _write(
     request: web.Request,
     ctx: AuditContext,
     entry: dict[str, Any],
-    after: Callable[[Appended], None] | None = None,
     *,
     written: bool = False,
 ) -> Appended | None:
-    """Append `entry` (and run `after`, the receipt's writer, on the log's thread); raises
-    AuditWriteFailed when either is lost."""
+    """Append `entry`; raises AuditWriteFailed when it is lost."""
     settings = request[RUNTIME].policy.gateway.audit_log
     try:
-        return await request.app[AUDIT_SINK].append(settings, entry, after, written=written)
-    except (AuditWriteError, ReceiptWriteError) as exc:
+        return await request.app[AUDIT_SINK].append(settings, entry, written=written)
+    except AuditWriteError as exc:
         _lost(request, ctx, exc)
 
 

@@ -35,6 +35,23 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[str, ...]], ...]] = (
             "CREATE INDEX quarantine_backend ON quarantine_decisions (backend, seq)",
         ),
     ),
+    (
+        2,
+        (
+            # Each tenant's receipt log: its entries' RFC 9162 leaf hashes (hex), by log origin
+            # and index, append-only: the tree a tenant's receipts are proven in.
+            "CREATE TABLE receipt_leaves (log TEXT NOT NULL, idx BIGINT NOT NULL,"
+            " hash TEXT NOT NULL, PRIMARY KEY (log, idx))",
+            # Receipts until they expire: the signed document and the log entry it names.
+            "CREATE TABLE receipts (id TEXT PRIMARY KEY, tenant TEXT NOT NULL,"
+            " expires DOUBLE PRECISION NOT NULL, document TEXT NOT NULL, entry TEXT NOT NULL)",
+            "CREATE INDEX receipts_expires ON receipts (expires)",
+            # The latest signed checkpoint of each receipt log (witnessed = 0) and the latest
+            # one witnesses cosigned (witnessed = 1), as signed notes.
+            "CREATE TABLE receipt_checkpoints (log TEXT NOT NULL, witnessed INTEGER NOT NULL,"
+            " size BIGINT NOT NULL, note TEXT NOT NULL, PRIMARY KEY (log, witnessed))",
+        ),
+    ),
 )
 LATEST: Final = MIGRATIONS[-1][0]
 CREATE_TABLE: Final = (

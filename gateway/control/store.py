@@ -71,6 +71,10 @@ class ControlStore:
         async with self.engine.transaction(lock) as tx:
             yield tx
 
+    def transaction(self, lock: str | None = None) -> contextlib.AbstractAsyncContextManager[Tx]:
+        """For the modules beside this one that keep their own tables (receipts)."""
+        return self._tx(lock)
+
     # The registry document.
 
     async def newest(self) -> Version | None:

@@ -119,10 +119,11 @@ class ReceiptKeySpec:
 
 @dataclass(frozen=True, slots=True)
 class ReceiptSettings:
-    """Receipts: kept as files under `path` for `keep_s` (a tenant may keep its own shorter or
-    longer, or have none), signed by the active key of `keys`."""
+    """Receipts: kept in the control-plane database for `keep_s` (a tenant may keep its own
+    shorter or longer, or have none), signed by the active key of `keys`. `path`, read by
+    earlier versions, is no longer used."""
 
-    path: Path
+    path: Path | None
     keys: tuple[ReceiptKeySpec, ...]
     keep_s: float = 7 * 86400.0
 

@@ -34,8 +34,8 @@ def _receipt_key(item: Node, base: Path) -> ReceiptKeySpec:
 
 
 def read_receipts(node: Node, base: Path) -> ReceiptSettings:
-    f = node.mapping(_F({"path", "keys"}), _F({"keep_s"}))
-    path = writable_folder(f["path"], base / f["path"].text())
+    f = node.mapping(_F({"keys"}), _F({"keep_s", "path"}))
+    path = writable_folder(f["path"], base / f["path"].text()) if "path" in f else None
     keys = unique_items(f["keys"], lambda n: _receipt_key(n, base), lambda k: k.id, "key id")
     if sum(k.active for k in keys) != 1:
         f["keys"].fail("exactly one receipt key must be active: true")

@@ -1,7 +1,7 @@
 """One answer's receipt while its exchange runs: started with the request (its id, which the
 answer's headers carry, and the digests of the request as received and as forwarded), fed the
 exact bytes the client is sent, and completed into the signed document once the answer's record
-is in the log.
+is in its tenant's receipt log.
 
 Invariant: the receipt's response digest covers exactly the bytes handed to the client, SSE
 framing included, and `document` is built once, from the same facts the record was written
@@ -18,7 +18,6 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.audit.chain.log import Appended
 from gateway.audit.judge import Answer, AuditContext, Judgement
 from gateway.receipts.evidence import evidence
 from gateway.receipts.store import new_id
@@ -82,10 +81,11 @@ class Draft:
         judgement: Judgement,
         status: int,
         reason: str | None,
-        appended: Appended,
+        position: tuple[str, int, bytes],
         keyset: KeySet,
     ) -> dict[str, Any]:
-        """The receipt, unsigned."""
+        """The receipt, unsigned; `position`: its entry's log origin, index and leaf hash."""
+        origin, index, leaf = position
         wire = "sha256:" + self.wire.hexdigest()
         events: list[dict[str, Any]] = [
             {"type": RECEIVED, "body_hash": self.received},
@@ -109,9 +109,9 @@ class Draft:
             {"type": RETURNED, "cleartext_hash": wire, "wire_hash": wire},
             {
                 "type": AUDIT_LOG,
-                "log": appended.origin,
-                "index": appended.seq,
-                "leaf_hash": appended.leaf.hex(),
+                "log": origin,
+                "index": index,
+                "leaf_hash": leaf.hex(),
             },
         ]
         return {

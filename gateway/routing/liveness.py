@@ -32,6 +32,7 @@ from gateway.listener.load import busy
 from gateway.policy.backend_model import Backend
 from gateway.policy.model import Policy
 from gateway.policy.reload import HOLDER, PolicyHolder
+from gateway.receipts.service import RECEIPTS
 from gateway.relay.failures import describe
 from gateway.relay.session import SESSION
 from gateway.state import RUNTIME
@@ -124,6 +125,8 @@ async def broken(app: web.Application, policy: Policy) -> list[str]:
         out.append(f"{len(down)} required backend(s) down")
     if await app[AUDIT_SINK].unwritable(policy.gateway.audit_log) is not None:
         out.append("no audit record can be written")
+    if await app[RECEIPTS].unwritable(app, policy) is not None:
+        out.append("no receipt can be written")
     store = app[LIMITER].store
     if store is not None and store.closed and store.up is False:
         out.append("the shared state is out of reach (on_failure: closed)")

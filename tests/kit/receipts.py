@@ -10,10 +10,10 @@ from pathlib import Path
 
 import aiohttp
 
-from kvfence.keyfile import generate_key, write_private_key
-from kvfence.note import COSIGNATURE, Signer, Verifier
+from kvfence.keyfile import generate_key, load_private_key, write_private_key
+from kvfence.note import COSIGNATURE, ED25519, Signer, Verifier
 from kvfence.receipt import KeySet
-from kvfence.receipt_check import Report, verify
+from kvfence.receipt_check import Report, Root, verify
 
 LOG_NAME = "kvfence.test/log"
 WITNESS_NAME = "witness.test/w1"
@@ -27,6 +27,11 @@ class ReceiptKeys:
     @property
     def witness_vkey(self) -> str:
         return self.witness.verifier.vkey
+
+    @property
+    def log_key(self) -> Verifier:
+        """The gateway's log key, as a tenant gets it out of band (the trust root)."""
+        return Signer(LOG_NAME, ED25519, load_private_key(self.folder / "log.key")).verifier
 
     def gateway_lines(self, *, interval_s: float = 0.2, keep_s: int = 3600) -> str:
         """The policy's `gateway:` lines for the witnessed audit log and receipts."""
@@ -42,7 +47,6 @@ class ReceiptKeys:
                 interval_s: {interval_s}
                 witnesses: ["{self.witness_vkey}"]
             receipts:
-              path: {f / "receipts"}
               keep_s: {keep_s}
               keys:
                 - {{id: r2, private_key: {{file: {f / "r2.key"}}}, active: true}}
@@ -54,12 +58,12 @@ class ReceiptKeys:
 
 def make_receipt_keys(folder: Path) -> ReceiptKeys:
     """Key files (mode 0600) for the log, two receipt keys (r2 active, r1 retired), a witness;
-    the audit secret; the log and receipts folders."""
+    the audit secret; the log and state folders."""
     for name in ("log", "r1", "r2"):
         write_private_key(folder / f"{name}.key", generate_key())
     (folder / "audit.key").write_text("audit-secret-0123456789abcdef\n")
     (folder / "log").mkdir(mode=0o700)
-    (folder / "receipts").mkdir(mode=0o700)
+    (folder / "state").mkdir(mode=0o700)
     return ReceiptKeys(folder, Signer(WITNESS_NAME, COSIGNATURE, generate_key()))
 
 
@@ -75,6 +79,7 @@ class Tenant:
     url: str
     key: str
     session: aiohttp.ClientSession
+    log_key: Verifier | None = None  # the trust root it got out of band
 
     async def get(self, path: str) -> tuple[int, bytes]:
         headers = {"authorization": f"Bearer {self.key}"}
@@ -105,9 +110,8 @@ class Tenant:
         response: bytes,
         witnesses: tuple[Verifier, ...] = (),
     ) -> Report:
-        """The tenant's full check: signature, both digests, the record in the log."""
+        """The tenant's full check from its pinned log key (or, without one, the witnesses):
+        signature, both digests, the record in the log, the key set bound to the root."""
         receipt, proof = await self.receipt(receipt_id), await self.proof(receipt_id)
-        keyset = await self.keyset()
-        return verify(
-            receipt, keyset, request=request, response=response, proof=proof, witnesses=witnesses
-        )
+        root = Root(self.log_key, None, witnesses)
+        return verify(receipt, None, request=request, response=response, proof=proof, root=root)

@@ -89,7 +89,7 @@ async def test_a_schema_newer_than_the_gateway_is_refused(tmp_path: Path) -> Non
     async with store.engine.transaction() as tx:
         await tx.execute("INSERT INTO kvfence_migrations (number, applied) VALUES (99, 0)")
     again = ControlStore(SqliteEngine(tmp_path / "control.db"))
-    with pytest.raises(ControlRefused, match="has schema 99, newer than this gateway's 1"):
+    with pytest.raises(ControlRefused, match="has schema 99, newer than this gateway's 2"):
         await again.migrate()
     await store.close()
     await again.close()

@@ -23,7 +23,7 @@ class Stack:
     keys: ReceiptKeys
 
     def tenant(self, name: str) -> Tenant:
-        return Tenant(self.gw.url, KEYS[name], self.gw.session)
+        return Tenant(self.gw.url, KEYS[name], self.gw.session, self.keys.log_key)
 
 
 @asynccontextmanager
@@ -39,7 +39,7 @@ async def open_stack(
         assert slow in text
     text = text.replace("scope: session,\n", "scope: session, receipts: false,\n", 1)
     policy = parse_policy(text, str(keys.folder / "policy.yaml"), env=ENV, base=keys.folder)
-    gw, runner = await run_gateway(policy, upstream)
+    gw, runner = await run_gateway(policy, upstream, state_dir=keys.folder / "state")
     try:
         yield Stack(gw, keys)
     finally:

@@ -48,7 +48,7 @@ async def test_go_reference_verifier_accepts_checkpoints_and_proofs(
         file.write_text(proof)
         code, said = check(go_verifier, vkey, "proof", file)
         parsed = InclusionProof.parse(proof)
-        assert code == 0 and said.startswith("ok kvfence.test/log@"), said
+        assert code == 0 and said.startswith("ok kvfence.test/log/tenant/"), said
         assert said.endswith(f"includes record {parsed.index}")
         first = first or Checkpoint.parse(split_note(parsed.note)[0])
         if parsed.path:  # an edited proof hash: refused
@@ -61,6 +61,6 @@ async def test_go_reference_verifier_accepts_checkpoints_and_proofs(
     bundle.write_bytes(body)
     code, said = check(go_verifier, vkey, "consistency", bundle, b64(first.root))
     new = Checkpoint.parse(split_note(ConsistencyProof.parse(body.decode()).note)[0])
-    assert code == 0 and said == f"ok kvfence.test/log@{new.size} extends {first.size}", said
+    assert code == 0 and said == f"ok {new.origin}@{new.size} extends {first.size}", said
     code, said = check(go_verifier, vkey, "consistency", bundle, b64(bytes(32)))
     assert code == 1 and "does not extend" in said

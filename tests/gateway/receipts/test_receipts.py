@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from kvfence.receipt import RECEIPT_HEADER
-from kvfence.receipt_check import verify
+from kvfence.receipt_check import Root, verify
 from tests.gateway.receipts.conftest import Stack
 
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hello"}]}
@@ -36,7 +36,14 @@ async def test_tenant_verifies_its_receipt(stack: Stack, stream: bool) -> None:
         assert response.endswith(b"data: [DONE]\n\n")  # the digest covers the SSE framing
     report = await stack.tenant("acme").verify(receipt_id, request, response)
     assert report.ok, report.checks
-    assert [c.name for c in report.checks] == ["signature", "request", "response", "log", "record"]
+    assert [c.name for c in report.checks] == [
+        "signature",
+        "request",
+        "response",
+        "log",
+        "record",
+        "keys",
+    ]
     doc = orjson.loads(await stack.tenant("acme").receipt(receipt_id))
     scope = next(e for e in doc["event_log"] if e["type"] == "kvfence.cache_scope")
     assert scope["partition"] == "gateway-enforced" and scope["scope"] == "tenant"
@@ -124,7 +131,7 @@ async def test_editing_any_field_or_byte_breaks_verification(stack: Stack) -> No
     paths = [p for p in _leaves(doc) if p != ("signature", "algo")]
     assert len(paths) > 40
     for path in paths:
-        report = verify(orjson.dumps(_edit(doc, path)), keyset)
+        report = verify(orjson.dumps(_edit(doc, path)), keyset, root=Root(stack.keys.log_key))
         assert not report.ok, path
         (check,) = report.checks
         structural = path[-1] in ("seq", "type", "api_version", "key_id", "value")
@@ -132,7 +139,8 @@ async def test_editing_any_field_or_byte_breaks_verification(stack: Stack) -> No
             assert "does not verify: the receipt was edited" in check.message, (path, check)
         assert check.message and "\n" not in check.message, path  # one clear line
     edited = response.replace(b"chatcmpl-fake", b"chatcmpl-fakf", 1)
-    report = verify(receipt, keyset, request=request, response=edited, proof=proof)
+    root = Root(stack.keys.log_key)
+    report = verify(receipt, keyset, request=request, response=edited, proof=proof, root=root)
     failed = [c for c in report.checks if not c.ok]
     assert [c.name for c in failed] == ["response"]
     assert "edited, or another answer's" in failed[0].message

@@ -1,5 +1,5 @@
 """Receipts settings: refused without the witnessed log or with no single active key; a
-tenant's own settings; receipts expire with their hour, and expired folders are swept."""
+tenant's own settings; receipts expire with their hour, and expired ones are swept."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from gateway.control.receipts import ReceiptLedger
+from gateway.control.sqlite import SqliteEngine
+from gateway.control.store import ControlStore
 from gateway.policy.load import parse_policy
 from gateway.policy.node import PolicyError
-from gateway.receipts.store import HOUR, ReceiptStore, new_id
+from gateway.receipts.store import HOUR, expiry_of, new_id
 from tests.kit.gateway import ENV, policy_text
 from tests.kit.receipts import ReceiptKeys, make_receipt_keys, with_receipts
 
@@ -37,12 +40,16 @@ def test_receipts_need_checkpoints_and_one_active_key(tmp_path: Path) -> None:
     assert tenants[0].receipts.keep_s == 86400 and tenants[1].receipts.enabled
 
 
-def test_receipts_expire_with_their_hour(tmp_path: Path) -> None:
-    store = ReceiptStore(tmp_path)
+async def test_receipts_expire_with_their_hour(tmp_path: Path) -> None:
+    ledger = ReceiptLedger(ControlStore(SqliteEngine(tmp_path / "control.db")))
     receipt_id = new_id(keep_s=60)
-    store.write(receipt_id, "acme", {"receipt_id": receipt_id}, b"{}")
-    assert store.get(receipt_id) is not None
+    expires = float((expiry_of(receipt_id) or 0) * HOUR)
+    doc = await ledger.issue(
+        "log/tenant/a", "acme", receipt_id, expires, b"{}", lambda index, _: {"index": index}
+    )
+    assert (await ledger.get(receipt_id)) is not None
     later = time.time() + 2 * HOUR + 60
-    assert store.get(receipt_id, now=later) is None
-    assert store.sweep(now=time.time()) == 0
-    assert store.sweep(now=later) == 1 and store.get(receipt_id) is None
+    assert doc["index"] == 0 and await ledger.get(receipt_id, now=later) is None
+    assert await ledger.sweep(now=time.time()) == 0
+    assert await ledger.sweep(now=later) == 1 and await ledger.get(receipt_id) is None
+    await ledger.store.close()

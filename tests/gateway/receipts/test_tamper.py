@@ -4,6 +4,7 @@ no longer verifies against the log; `kvfence receipt verify` says so with its ex
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import orjson
@@ -11,11 +12,25 @@ import pytest
 
 from gateway.audit.chain.lock import AuditWriteError
 from kvfence.cli import main as kvfence
-from kvfence.receipt_check import verify
+from kvfence.merkle import leaf_hash
+from kvfence.receipt_check import Root, verify
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway.receipts.conftest import open_stack
 from tests.gateway.receipts.test_receipts import CHAT, ask
 from tests.kit.receipts import ReceiptKeys
+
+
+def rewrite_entry(database: Path, receipt_id: str) -> None:
+    """The operator rewrites the receipt's entry in its tenant's log, with its leaf, and drops the
+    log's checkpoints (it holds the log key: the gateway signs new ones)."""
+    with sqlite3.connect(database) as db:
+        (entry,) = db.execute("SELECT entry FROM receipts WHERE id = ?", (receipt_id,)).fetchone()
+        edited = entry.replace('"verdict":"unverified"', '"verdict":"verified"')
+        assert edited != entry
+        db.execute("UPDATE receipts SET entry = ? WHERE id = ?", (edited, receipt_id))
+        db.execute("UPDATE receipt_leaves SET hash = ? WHERE hash = ?",
+                   (leaf_hash(edited.encode()).hex(), leaf_hash(entry.encode()).hex()))  # fmt: skip
+        db.execute("DELETE FROM receipt_checkpoints")
 
 
 def rewrite_record(log: Path, receipt_id: str) -> None:
@@ -43,13 +58,15 @@ async def test_a_rewritten_log_fails_the_tenants_check(
             pass
     for suffix in (".tree", ".checkpoint"):  # the operator makes the tree and checkpoints anew
         log.with_name(log.name + suffix).unlink()
+    rewrite_entry(receipt_keys.folder / "state" / "control.db", receipt_id)
     async with open_stack(receipt_keys, upstream) as stack:
         proof = await stack.tenant("acme").proof(receipt_id)
-    report = verify(receipt, keyset, request=request, response=response, proof=proof)
+    root = Root(receipt_keys.log_key)
+    report = verify(receipt, None, request=request, response=response, proof=proof, root=root)
     failed = {c.name: c.message for c in report.checks if not c.ok}
     assert set(failed) == {"log"}, report.checks
     assert "is not in the tree" in failed["log"] and "altered" in failed["log"]
-    assert verify(receipt, keyset, proof=kept_proof).ok  # the tenant's copy proves the original
+    assert verify(receipt, None, proof=kept_proof, root=root).ok  # the tenant's copy proves it
 
     files = {"receipt": receipt, "keys": keyset and orjson.dumps(keyset.document())}
     for name, data in files.items():
@@ -58,7 +75,7 @@ async def test_a_rewritten_log_fails_the_tenants_check(
     (tmp_path / "proof").write_text(proof)
     (tmp_path / "kept-proof").write_text(kept_proof)
     argv = ["receipt", "verify", str(tmp_path / "receipt"), "--keys", str(tmp_path / "keys")]
-    argv += ["--response", str(tmp_path / "response")]
+    argv += ["--response", str(tmp_path / "response"), "--log-key", receipt_keys.log_key.vkey]
     assert kvfence([*argv, "--proof", str(tmp_path / "kept-proof")]) == 0
     assert kvfence([*argv, "--proof", str(tmp_path / "proof")]) == 1
     (tmp_path / "response").write_bytes(response + b" ")
