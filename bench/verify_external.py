@@ -188,7 +188,7 @@ def scan_cost(events: int = 20000) -> dict[str, float]:
     chunk = {"id": "x", "object": "chat.completion.chunk", "choices": [
         {"index": 0, "delta": {"content": " word"}, "finish_reason": None}]}  # fmt: skip
     event = b"data: " + orjson.dumps(chunk) + b"\n\n"
-    scan = AnswerScan(key, "/v1/chat/completions", attested=False)
+    scan = AnswerScan(key, "/v1/chat/completions")
     started = time.process_time()
     for _ in range(events):
         scan.events(event)

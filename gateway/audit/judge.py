@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.audit.usage import cached_tokens, prompt_tokens, total_tokens
+from gateway.audit.usage import cached_tokens, estimate, prompt_tokens, total_tokens
 from gateway.fleet.local_health import Health
 from gateway.policy.backend_model import AuditMode, Backend
 from gateway.verify.detective import Finding
@@ -78,6 +78,23 @@ class Answer:
         self.prompt_tokens = prompt_tokens(usage)
         self.cached_tokens = cached_tokens(usage)
         self.total_tokens = total_tokens(usage)
+
+    def charge(
+        self, att: Attestation | None, sent: bool, size: int, text: int, events: int
+    ) -> None:
+        """What an answer that ended without its usage is charged (`gateway.audit.usage`): its
+        prompt (as the usage or the attestation `att` gave it, else from the `size` of the body
+        forwarded) once it was `sent`, and what it generated (`text` bytes, or the `events` the
+        client got, when more)."""
+        if self.total_tokens is not None:
+            return
+        if not sent:
+            self.estimated_tokens = events
+            return
+        prompt = self.prompt_tokens
+        if prompt is None and att is not None:
+            prompt = att.prompt_tokens
+        self.estimated_tokens = estimate(prompt, size, text, events)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ is not clean, traced (with `gateway.tracing`), and written to the audit log, whi
 receipt stored just before it (or says why none could be); a violation is reported to the
 watch (a live marker quarantines; a detective finding triggers a canary round shaped like the
 request); a withheld answer is replaced by a local error. Before a stream's first byte,
-`open_stream` writes the record that settling it completes. Only the exchange calls either.
+`open_stream` writes the record that settling it completes. Only the exchange calls either,
+through its `Books`.
 
 Invariant: every request that reached the upstream step is settled exactly once; a stream's
 record is opened before a byte of it reaches the client; a record or a receipt that cannot be
@@ -16,15 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
 from aiohttp import web
 
 from gateway.audit.chain.log import Appended, AuditWriteError
 from gateway.audit.judge import Answer, AuditContext, Judgement, record
+from gateway.audit.replies import Withheld, withheld
 from gateway.audit.sink import AUDIT_SINK
 from gateway.audit.trace import TRACES
-from gateway.errors import AttestationRefused, AuditWriteFailed, error_response
+from gateway.errors import AuditWriteFailed, error_body
 from gateway.fleet.budgeter import BUDGETS
 from gateway.metrics import METRICS, Metrics
 from gateway.policy.model import Policy
@@ -35,8 +38,6 @@ from gateway.state import BODY, RECEIPT_ID, RESERVATION, RUNTIME, STREAM_OPEN, U
 from gateway.verify.evidence import canary_reason
 from gateway.verify.shapes import of_request
 from gateway.verify.watch import WATCH
-from kvfence.receipt import RECEIPT_HEADER
-from kvfence.verdict import VERDICT_HEADER as VERDICT_HEADER
 from kvfence.verdict import Verdict
 
 _QUIET: Final = frozenset({Verdict.CLEAN, Verdict.UNATTESTED, Verdict.VERIFIED, Verdict.UNVERIFIED})
@@ -58,34 +59,45 @@ def _count(metrics: Metrics, ctx: AuditContext, answer: Answer, judgement: Judge
         metrics.child(metrics.completion_tokens, ctx.tenant, ctx.model).inc(total - prompt)
 
 
+@dataclass(frozen=True, slots=True)
+class Books:
+    """Where one exchange settles: its request (the app's log, budgets, metrics and watch), its
+    audit context and its receipt (None: this tenant gets none)."""
+
+    request: web.Request
+    ctx: AuditContext
+    receipt: Draft | None
+
+    async def open(self, answer: Answer, judgement: Judgement) -> None:
+        await open_stream(self, answer, judgement)
+
+    async def settle(
+        self, answer: Answer, judgement: Judgement, status: int | None, reason: str | None
+    ) -> Withheld | None:
+        return await settle(self, answer, judgement, status=status, reason=reason)
+
+
 async def settle(
-    request: web.Request,
-    ctx: AuditContext,
+    books: Books,
     answer: Answer,
     judgement: Judgement,
     *,
     status: int | None = None,
     reason: str | None = None,
-    receipt: Draft | None = None,
-) -> web.Response | None:
-    """Count, log and record the judgement, and issue the answer's `receipt` (None: this
-    tenant gets none). Returns the local answer that replaces a withheld response, else None.
-    `status` and `reason` describe a failed exchange (the client got that status, or left:
-    499). Raises AuditWriteFailed when the record or the receipt is lost."""
+) -> Withheld | None:
+    """Count, log and record the judgement, and issue the answer's receipt. Returns the local
+    answer that replaces a withheld response, else None. `status` and `reason` describe a
+    failed exchange (the client got that status, or left: 499). Raises AuditWriteFailed when
+    the record or the receipt is lost."""
     assert not answer.settled, "an answer is settled once"
     answer.settled = True
+    request, ctx, receipt = books.request, books.ctx, books.receipt
     local = None
     if judgement.blocked:
-        refusal = AttestationRefused(
-            f"the response was withheld: its audit verdict is {judgement.verdict.value}"
-        )
-        status, reason = refusal.status, refusal.code
-        headers = {VERDICT_HEADER: judgement.verdict.value}
+        local = withheld(judgement, ctx.request_id, receipt)
+        status, reason = local.error.status, local.error.code
         if receipt is not None:
-            headers[RECEIPT_HEADER] = receipt.receipt_id
-        local = error_response(refusal, ctx.request_id, headers=headers)
-        if receipt is not None:
-            receipt.replace(bytes(local.body))  # type: ignore[arg-type]
+            receipt.replace(error_body(local.error))
     final_status = answer.status if status is None else status
     traces = request.app.get(TRACES)
     if traces is not None:  # gateway.tracing: this attempt's span
@@ -161,16 +173,14 @@ async def _report(request: web.Request, ctx: AuditContext, answer: Answer) -> No
         await watch.finding(ctx.backend, ctx.tenant, shape, answer.finding)
 
 
-async def open_stream(
-    request: web.Request, ctx: AuditContext, answer: Answer, judgement: Judgement
-) -> None:
+async def open_stream(books: Books, answer: Answer, judgement: Judgement) -> None:
     """A stream's record, written before its first byte (`phase: open`, the verdict at its
     head); settling the stream writes its final one, whose sync (`fsync: always`) covers this
     one too: the first byte waits for the write, not for a sync. Raises AuditWriteFailed when
     it cannot be written: the stream is then refused before any token."""
-    entry = record(ctx, answer, judgement, answer.status, None, "open")
-    await _write(request, ctx, entry, written=True)
-    request[STREAM_OPEN] = True
+    entry = record(books.ctx, answer, judgement, answer.status, None, "open")
+    await _write(books.request, books.ctx, entry, written=True)
+    books.request[STREAM_OPEN] = True
 
 
 async def _write(

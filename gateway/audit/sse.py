@@ -105,6 +105,9 @@ def field(line: bytes) -> tuple[bytes, bytes]:
 
 def parse(raw: bytes) -> Event:
     """One event's fields; comment lines and unknown fields are skipped."""
+    one_line = raw.find(b"\n") == len(raw) - 2 and raw[-1:] == b"\n"
+    if one_line and raw[:6] == b"data: " and b"\r" not in raw:
+        return Event(raw, b"", raw[6:-2])  # one `data:` line then its blank line: most events
     name, data = b"", []
     for line in raw.splitlines():
         key, value = field(line)
@@ -113,6 +116,19 @@ def parse(raw: bytes) -> Event:
         elif key == b"event":
             name = value
     return Event(raw, name, b"\n".join(data) if data else None)
+
+
+def with_data(raw: bytes, data: bytes) -> bytes:
+    """One event with `data` as its one `data:` line, where its first was; every other line,
+    and every line end, keeps its bytes."""
+    out, placed = [], False
+    for line in raw.splitlines(keepends=True):
+        if field(line.rstrip(b"\r\n"))[0] == b"data":
+            if placed:
+                continue
+            placed, line = True, b"data: " + data + line[len(line.rstrip(b"\r\n")) :]
+        out.append(line)
+    return b"".join(out)
 
 
 def events(buf: bytes) -> list[Event]:

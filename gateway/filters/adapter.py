@@ -15,11 +15,11 @@ from aiohttp import web
 from gateway import entropy
 from gateway.inputs import jsonbody
 from gateway.inputs.paths import CHAT, COMPLETIONS, UNCACHED
+from gateway.inputs.stream_options import EVERYTHING, usage_asked
 from gateway.metrics import METRICS
 from gateway.policy.tenant_model import Scope
 from gateway.state import (
     BODY,
-    DROP_USAGE,
     NAMESPACE,
     PUBLIC,
     ROUTE,
@@ -27,18 +27,16 @@ from gateway.state import (
     TENANT,
     UPSTREAM_BODY,
     UPSTREAM_HEADERS,
+    USAGE_ASKED,
 )
 
 
-def _ask_for_usage(body: dict[str, Any]) -> bool:
-    """Make a stream end with a usage chunk; True when the client did not ask for it."""
+def _ask_for_usage(body: dict[str, Any]) -> None:
+    """Make a stream end with a usage chunk (what the client asked is read before)."""
     options = body.get("stream_options")
     if not isinstance(options, dict):
         options = body["stream_options"] = {}
-    if options.get("include_usage") is True:
-        return False
     options["include_usage"] = True
-    return True
 
 
 async def inject(request: web.Request) -> None:
@@ -54,7 +52,9 @@ async def inject(request: web.Request) -> None:
         metrics = request.app[METRICS]
         metrics.child(metrics.namespaces_injected, route.backend.name).inc()
     streaming = body.get("stream") is True and request.path in (CHAT, COMPLETIONS)
-    request[DROP_USAGE] = _ask_for_usage(body) if streaming else False
+    request[USAGE_ASKED] = usage_asked(body) if streaming else EVERYTHING
+    if streaming:
+        _ask_for_usage(body)
     data = jsonbody.dumps(body)
     tenant = request[TENANT]
     share = request[RUNTIME].shares.get(tenant.id)

@@ -74,6 +74,12 @@ class Draft:
         """The client gets `body` instead of anything counted so far (a local answer)."""
         self.wire = hashlib.sha256(body)
 
+    def plain(self, body: bytes, parsed: Any) -> None:
+        """A plain answer `body` (`parsed`: as JSON, None when it is not), sent whole."""
+        self.replace(body)
+        if isinstance(parsed, dict) and isinstance(parsed.get("id"), str):
+            self.chat_id = parsed["id"]
+
     def document(
         self,
         ctx: AuditContext,

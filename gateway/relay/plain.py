@@ -17,7 +17,9 @@ from aiohttp import web
 
 from gateway.audit.events import SSE
 from gateway.audit.exchange import Exchange
-from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable
+from gateway.audit.replies import Withheld
+from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable, error_response
+from gateway.relay.context import context_of
 from gateway.relay.failures import describe
 from gateway.relay.reading import read_all
 from gateway.relay.session import SESSION
@@ -49,29 +51,32 @@ async def _open(request: web.Request) -> aiohttp.ClientResponse:
 
 
 async def _relay(
-    request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange
+    request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange, attested: bool
 ) -> web.StreamResponse:
     exchange.began(upstream.status)
     if upstream.status == 200 and upstream.content_type == SSE:
-        return await relay_stream(request, upstream, exchange)
+        return await relay_stream(request, upstream, exchange, attested)
     gateway = request[RUNTIME].policy.gateway
     body = await read_all(upstream, gateway.timeouts.idle_s, gateway.limits.max_answer_bytes)
     attestations = upstream.headers.getall(ATTESTATION_HEADER, [])
-    withheld = await exchange.plain(body, attestations)
+    answer = await exchange.plain(body, attestations)
     request[TIMING].client_headers = time.perf_counter()
-    if withheld is not None:
-        return withheld
-    headers = {"content-type": upstream.content_type, **exchange.headers}
-    return web.Response(body=exchange.body, status=upstream.status, headers=headers)
+    if isinstance(answer, Withheld):
+        return error_response(answer.error, answer.request_id, headers=answer.headers)
+    headers = {"content-type": upstream.content_type, **answer.headers}
+    return web.Response(body=answer.body, status=upstream.status, headers=headers)
 
 
-async def forward(request: web.Request, exchange: Exchange) -> web.StreamResponse:
-    """One attempt: the scoped request upstream, its answer relayed to the client."""
+async def forward(request: web.Request) -> web.StreamResponse:
+    """One attempt: its exchange started, the scoped request upstream, its answer relayed to
+    the client."""
+    context = context_of(request)
+    exchange = await Exchange.start(context)
     try:
         upstream = await _open(request)
         request[TIMING].upstream_headers = time.perf_counter()
         try:
-            return await _relay(request, upstream, exchange)
+            return await _relay(request, upstream, exchange, context.audit.attested)
         finally:
             upstream.release()
     except GatewayError as exc:

@@ -17,7 +17,14 @@ from aiohttp import web
 
 from gateway.audit.events import SSE
 from gateway.audit.exchange import Exchange
-from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable, error_event
+from gateway.audit.replies import Withheld
+from gateway.errors import (
+    GatewayError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    error_event,
+    error_response,
+)
 from gateway.relay.failures import describe
 from gateway.relay.reading import first_event_of, read_chunk
 from gateway.state import RUNTIME, TIMING
@@ -38,21 +45,23 @@ async def _send(resp: web.StreamResponse, data: bytes, deadline_s: float) -> Non
 
 
 async def relay_stream(
-    request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange
+    request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange, attested: bool
 ) -> web.StreamResponse:
+    """`attested`: the stream's first event carries its attestation (the exchange reads it
+    before anything is sent)."""
     gateway = request[RUNTIME].policy.gateway
     idle_s, write_s = gateway.timeouts.idle_s, gateway.limits.write_timeout_s
-    event, chunk = await first_event_of(upstream, idle_s) if exchange.attested else (None, b"")
-    withheld = await exchange.head(event)
-    if withheld is not None:
-        return withheld
-    headers = {"content-type": SSE, "cache-control": "no-cache", **exchange.headers}
+    event, chunk = await first_event_of(upstream, idle_s) if attested else (None, b"")
+    head = await exchange.head(event)
+    if isinstance(head, Withheld):
+        return error_response(head.error, head.request_id, headers=head.headers)
+    headers = {"content-type": SSE, "cache-control": "no-cache", **head.headers}
     resp = web.StreamResponse(status=upstream.status, headers=headers)
     await resp.prepare(request)
     request[TIMING].client_headers = time.perf_counter()
     try:
-        if exchange.first:
-            await resp.write(exchange.first)
+        if head.first:
+            await resp.write(head.first)
         while True:
             await _send(resp, exchange.events(chunk), write_s)
             try:

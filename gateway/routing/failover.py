@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from gateway.audit.exchange import Exchange
 from gateway.errors import (
     BackendQuarantined,
     GatewayError,
@@ -48,7 +47,7 @@ async def failover(request: web.Request, rescope: Sequence[Filter]) -> web.Strea
                 await step(request)
         name = route.backend.name
         try:
-            response = await forward(request, await Exchange.start(request))
+            response = await forward(request)
         except GatewayError as exc:
             error = exc
             if isinstance(exc, _BACKEND_FAULTS) and replicas.failed(name, settings):

@@ -1,6 +1,6 @@
 """Scanning an answer as it passes: live canary markers in its text (from every backend), the
-text itself (for the detective's history), its size (what an answer without usage is charged
-for), and attestations in later stream events (from ours).
+text itself (for the detective's history) and its size (what an answer without usage is charged
+for).
 
 Invariant: a chunk is scanned before it is written to the client, and a marker split across
 events is still found, also when the events of several choices (`n` > 1) interleave: each
@@ -17,7 +17,6 @@ import orjson
 from gateway.audit.sse import raws
 from gateway.inputs.paths import CHAT, COMPLETIONS
 from gateway.verify.markers import MarkerKey, MarkerScanner
-from kvfence.attestation import ATTESTATION_EVENT, ATTESTATION_FIELD
 
 MAX_TEXT: Final = 1 << 20  # answer text kept for the history; longer answers are not recorded
 _STRING = rb'"((?:[^"\\]|\\.)*)"'
@@ -27,22 +26,17 @@ _FIELD: Final = {
 }
 _ANY = re.compile(rb'"(?:content|text|delta|output_text)":' + _STRING)
 _INDEX = re.compile(rb'"index":(\d{1,6})')  # a choice's index (escaped inside text, so no match)
-_LATE = (ATTESTATION_EVENT.encode(), ATTESTATION_FIELD.encode())
-_TERMINAL = re.compile(rb'"type":\s*"response\.(?:completed|incomplete|failed)"')
 
 
 class AnswerScan:
-    def __init__(self, markers: MarkerKey | None, path: str, attested: bool) -> None:
+    def __init__(self, markers: MarkerKey | None, path: str) -> None:
         self._key = markers
         self._scanners: dict[int, MarkerScanner] = {}  # per choice index
         self._field = _FIELD.get(path, _ANY)
         self._keep = path in _FIELD
-        self._attested = attested
         self._parts: list[str] = []
         self._size = 0
         self.text_bytes = 0  # UTF-8 bytes of the text of every choice, kept or not
-        self.late_attestations = 0
-        self.terminal = False  # a Responses stream's final event was seen
 
     @property
     def markers(self) -> int:
@@ -77,17 +71,17 @@ class AnswerScan:
 
     def events(self, data: bytes) -> None:
         """Complete stream events, in order, before they are relayed."""
-        if b'"response.' in data and _TERMINAL.search(data):
-            self.terminal = True
-        if self._attested and b"kvfence" in data:
-            self.late_attestations += sum(data.count(tag) for tag in _LATE)
         for event in raws(data) if b'"index":' in data else (data,):
-            found = _INDEX.search(event)
-            index = int(found.group(1)) if found else 0
-            for raw in self._field.findall(event):
-                piece = self._decode(raw)
-                if piece is not None:
-                    self._take(piece, index)
+            self.event(event)
+
+    def event(self, event: bytes) -> None:
+        """One complete stream event, before it is relayed."""
+        found = _INDEX.search(event) if b'"index":' in event else None
+        index = int(found.group(1)) if found else 0
+        for raw in self._field.findall(event):
+            piece = self._decode(raw)
+            if piece is not None:
+                self._take(piece, index)
 
     def _decode(self, raw: bytes) -> str | None:
         """One text field's string, counted in `text_bytes`; None when it is not valid JSON."""

@@ -9,10 +9,11 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.audit.usage import UsageScanner, estimate
+from gateway.audit.usage import estimate
 from gateway.inputs.paths import CHAT
 from gateway.verify.markers import MarkerKey
 from gateway.verify.scan import AnswerScan
+from tests.kit.answer import UsageScanner
 
 KEY = MarkerKey(b"k" * 32)
 ENDINGS = {"lf": b"\n\n", "crlf": b"\r\n\r\n", "cr": b"\r\r"}
@@ -24,7 +25,7 @@ def chunk(text: str) -> bytes:
 
 
 def scanned(stream: bytes, cut: int) -> AnswerScan:
-    usage, scan = UsageScanner(drop_usage=True), AnswerScan(KEY, CHAT, attested=False)
+    usage, scan = UsageScanner(drop_usage=True), AnswerScan(KEY, CHAT)
     for part in (stream[:cut], stream[cut:]):
         scan.events(usage.feed(part))
     scan.events(usage.tail())
@@ -45,7 +46,7 @@ def test_streamed_and_plain_text_are_counted_alike() -> None:
     words = ["Héllo", " there", "\n!"]
     stream = b"".join(chunk(w) + b"\r\n\r\n" for w in words) + b"data: [DONE]"  # unended
     plain = orjson.dumps({"choices": [{"index": 0, "message": {"content": "".join(words)}}]})
-    body = AnswerScan(KEY, CHAT, attested=False)
+    body = AnswerScan(KEY, CHAT)
     body.body(plain, orjson.loads(plain))
     size = len("".join(words).encode())
     for cut in range(len(stream) + 1):

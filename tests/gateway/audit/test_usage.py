@@ -6,8 +6,8 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.audit.usage import UsageScanner
 from tests.fakes.openai_upstream import CACHED_TOKENS, sse_events
+from tests.kit.answer import UsageScanner
 
 EVENTS = sse_events(include_usage=True)
 STREAM = b"".join(EVENTS)

@@ -24,9 +24,9 @@ def test_a_marker_split_within_one_choice_is_found_between_other_choices() -> No
     marker = KEY.mint()
     half = len(marker) // 2
     pieces = [(1, "see " + marker[:half]), (0, "unrelated words"), (1, marker[half:] + " end")]
-    together = AnswerScan(KEY, CHAT, attested=True)
+    together = AnswerScan(KEY, CHAT)
     together.events(b"\n\n".join(event(i, t) for i, t in pieces) + b"\n\n")
-    apart = AnswerScan(KEY, CHAT, attested=True)
+    apart = AnswerScan(KEY, CHAT)
     for index, text in pieces:  # one event per read, \r\n-framed
         apart.events(event(index, text) + b"\r\n\r\n")
     assert together.markers == apart.markers == 1
@@ -34,13 +34,13 @@ def test_a_marker_split_within_one_choice_is_found_between_other_choices() -> No
 
 
 def test_the_start_of_a_marker_in_one_choice_holds_the_stream_back() -> None:
-    scan = AnswerScan(KEY, CHAT, attested=True)
+    scan = AnswerScan(KEY, CHAT)
     scan.events(event(2, "text then " + KEY.mint()[:8]) + b"\n\n")
     scan.events(event(0, "other text") + b"\n\n")
     assert scan.marker_started and scan.markers == 0
 
 
 def test_a_one_choice_answer_keeps_its_text() -> None:
-    scan = AnswerScan(KEY, CHAT, attested=True)
+    scan = AnswerScan(KEY, CHAT)
     scan.events(event(0, "Hello") + b"\n\n" + event(0, " there") + b"\n\n")
     assert scan.text == "Hello there" and scan.markers == 0

@@ -1,0 +1,96 @@
+"""The exchange as a whole, bytes in and bytes out, without aiohttp: the orders that matter
+(marker text split across events, an attestation in a late event, usage before `[DONE]`),
+whatever the framing and wherever the chunks are cut."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.audit.replies import Withheld
+from gateway.errors import AttestationRefused, UpstreamUnavailable
+from gateway.inputs.stream_options import EVERYTHING, UsageAsked
+from kvfence.verdict import Verdict
+from tests.fakes.openai_upstream import CACHED_TOKENS, sse_events, usage_event
+from tests.kit.answer import KEY, attestation_event, context, cuts, exchange_from_bytes
+
+EVENTS = sse_events(include_usage=True)
+STREAM = b"".join(EVENTS)
+UNASKED = UsageAsked(end=False, chunks=True)
+
+
+def crlf(data: bytes) -> bytes:
+    return data.replace(b"\n", b"\r\n")
+
+
+@pytest.mark.parametrize("frame", [lambda b: b, crlf], ids=["lf", "crlf"])
+async def test_a_stream_passes_with_its_usage_read_and_the_unasked_usage_event_dropped(
+    frame: object,
+) -> None:
+    stream = frame(STREAM)  # type: ignore[operator]
+    expected = frame(b"".join(EVENTS[:-2] + EVENTS[-1:]))  # type: ignore[operator]
+    for cut in range(0, len(stream) + 1, 7):
+        run = await exchange_from_bytes(cuts(stream, [cut]), context(asked=UNASKED))
+        assert run.sent == expected and run.error is None
+        assert (run.answer.prompt_tokens, run.answer.cached_tokens) == (12, CACHED_TOKENS)
+        [(judgement, status, reason)] = run.ledger.settled
+        assert (judgement.verdict, status, reason) == (Verdict.UNATTESTED, None, None)
+
+
+async def test_a_client_that_asked_gets_upstreams_bytes() -> None:
+    run = await exchange_from_bytes(cuts(crlf(STREAM), [5, 90]), context(asked=EVERYTHING))
+    assert run.sent == crlf(STREAM)
+
+
+async def test_usage_held_for_the_detective_goes_before_done(tmp_path: Path) -> None:
+    ctx = context("watched", asked=EVERYTHING, history=tmp_path / "h.bin")
+    run = await exchange_from_bytes(cuts(STREAM, [40, 200]), ctx)
+    assert run.sent == STREAM  # held until judged, then in upstream's order, `[DONE]` last
+    assert run.answer.total_tokens == 15
+
+
+async def test_marker_text_split_across_events_withholds_the_rest() -> None:
+    marker = KEY.mint()
+    text = [b'data: {"choices":[{"index":0,"delta":{"content":"' + t.encode() + b'"}}]}\n\n'
+            for t in ("fine. ", "see " + marker[:12], marker[12:])]  # fmt: skip
+    run = await exchange_from_bytes([*text, b"data: [DONE]\n\n"], context())
+    assert run.sent == text[0]  # the marker's first half never left; the relay ends with an error
+    assert isinstance(run.error, AttestationRefused)
+    assert run.ledger.settled[0][0].verdict is Verdict.VIOLATION
+
+
+async def test_an_attestation_in_a_late_event_withholds_the_rest() -> None:
+    late = b'data: {"kvfence_attestation":"forged"}\r\n\r\n'
+    events = [EVENTS[0], late, EVENTS[1], EVENTS[-1]]
+    run = await exchange_from_bytes(events, context("kvfence"), first=attestation_event())
+    assert isinstance(run.error, AttestationRefused)
+    assert b"kvfence" not in run.sent and b"[DONE]" not in run.sent
+    assert run.sent == b"data: {}\n\n" + EVENTS[0]  # the first event without its attestation
+    assert run.ledger.settled[0][0].verdict is Verdict.INVALID
+
+
+async def test_an_attested_stream_loses_its_attestation_and_is_judged_clean() -> None:
+    stream = b"".join(sse_events(include_usage=False)[:-1]) + usage_event(3) + EVENTS[-1]
+    run = await exchange_from_bytes(cuts(crlf(stream), [33]), context("kvfence", asked=UNASKED),
+                                    first=attestation_event(cached=CACHED_TOKENS))  # fmt: skip
+    assert b"kvfence" not in run.sent and run.sent.endswith(b"data: [DONE]\r\n\r\n")
+    assert run.ledger.opened and run.ledger.settled[0][0].verdict is Verdict.CLEAN
+
+
+async def test_a_stream_without_its_attestation_is_withheld_before_its_first_byte() -> None:
+    run = await exchange_from_bytes([STREAM], context("kvfence"), first=EVENTS[0])
+    assert isinstance(run.head, Withheld) and run.sent == b""
+    assert run.ledger.opened == [] and run.ledger.settled[0][0].verdict is Verdict.MISSING
+
+
+async def test_a_stream_cut_before_done_is_an_error_not_an_answer() -> None:
+    run = await exchange_from_bytes([b"".join(EVENTS[:2])], context())
+    assert isinstance(run.error, UpstreamUnavailable)
+    assert run.sent.startswith(b"".join(EVENTS[:2])) and b"[DONE]" not in run.sent
+    assert run.answer.estimated_tokens > 0  # charged what it is known to have cost
+
+
+async def test_the_last_event_without_its_blank_line_still_ends_the_stream() -> None:
+    run = await exchange_from_bytes([STREAM.rstrip(b"\n")], context())
+    assert run.error is None and run.sent == STREAM.rstrip(b"\n")

@@ -1,0 +1,100 @@
+"""Each answer step alone, bytes in and bytes out: what it passes, holds, drops or rewrites."""
+
+from __future__ import annotations
+
+import orjson
+
+from gateway.audit import sse
+from gateway.audit.answer.attestation import Attestation
+from gateway.audit.answer.done import Done
+from gateway.audit.answer.markers import Markers
+from gateway.audit.answer.step import Do
+from gateway.audit.answer.usage import Usage
+from gateway.inputs.paths import RESPONSES
+from gateway.inputs.stream_options import EVERYTHING, UsageAsked, usage_asked
+from tests.fakes.openai_upstream import CACHED_TOKENS, sse_events, usage_event
+from tests.kit.answer import KEY, context, through
+
+EVENTS = sse_events(include_usage=True)
+DONE = b"data: [DONE]\n\n"
+
+
+def chunk(text: str, usage: object = None, end: bytes = b"\n\n") -> bytes:
+    body: dict[str, object] = {"choices": [{"index": 0, "delta": {"content": text}}]}
+    if usage is not None:
+        body["usage"] = usage
+    return b"data: " + orjson.dumps(body) + end
+
+
+USAGE = {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13}
+
+
+def test_the_clients_stream_options_are_read_before_the_gateway_adds_its_own() -> None:
+    assert usage_asked({}) == UsageAsked(end=False, chunks=True)
+    assert usage_asked({"stream_options": {"include_usage": True}}) == EVERYTHING
+    asked = usage_asked({"stream_options": {"continuous_usage_stats": True}})
+    assert asked == UsageAsked(end=False, chunks=False)
+
+
+def test_usage_the_client_asked_for_passes_exactly() -> None:
+    stream = [chunk("a", USAGE), chunk("b", USAGE), usage_event(), DONE]
+    step = Usage(context(asked=EVERYTHING))
+    assert through(step, stream) == b"".join(stream)
+    assert step.cached_tokens == CACHED_TOKENS
+
+
+def test_per_chunk_usage_the_client_did_not_ask_for_is_taken_out_of_its_chunk() -> None:
+    crlf = chunk("a", USAGE, end=b"\r\n\r\n")
+    named = b"id: 7\nevent: message\n" + chunk("b", USAGE)
+    step = Usage(context(asked=UsageAsked(end=False, chunks=False)))
+    out = through(step, [crlf, named, usage_event(), DONE])
+    assert out == chunk("a", end=b"\r\n\r\n") + b"id: 7\nevent: message\n" + chunk("b") + DONE
+    assert (step.prompt_tokens, step.cached_tokens) == (12, CACHED_TOKENS)  # still read
+
+
+def test_a_null_usage_key_passes_untouched() -> None:
+    step = Usage(context(asked=UsageAsked(end=False, chunks=False)))
+    assert through(step, EVENTS) == b"".join(EVENTS[:-2] + EVENTS[-1:])  # the usage event out
+
+
+def test_usage_held_for_the_detective_waits_and_done_goes_on() -> None:
+    step = Usage(context("watched", asked=EVERYTHING))
+    late = chunk("late")
+    seen = [step.see(e) for e in sse.events(b"".join([EVENTS[0], usage_event(), late, DONE]))]
+    assert seen[1:3] == [Do.HOLD, Do.HOLD]
+    assert [e.raw for e in (seen[0], seen[3]) if isinstance(e, sse.Event)] == [EVENTS[0], DONE]
+    assert b"".join(e.raw for e in step.finish()) == usage_event() + late
+
+
+def test_an_attestation_after_the_first_event_is_counted_and_taken_out() -> None:
+    step = Attestation(context("kvfence"))
+    late = b'data: {"kvfence_attestation":"x","choices":[]}\r\n\r\n'
+    named = b"event: kvfence-attestation\ndata: {}\n\n"
+    out = through(step, [EVENTS[0], late, named, EVENTS[1]])
+    assert out == EVENTS[0] + b'data: {"choices":[]}\r\n\r\n' + EVENTS[1]
+    assert step.late == 2  # the field, then the event name
+    unattested = Attestation(context("plain"))
+    assert through(unattested, [late]) == b'data: {"choices":[]}\r\n\r\n'
+    assert unattested.late == 0  # taken out, not counted: only ours attests
+
+
+def test_marker_text_split_across_events_is_held_then_found() -> None:
+    marker = KEY.mint()
+    first, second = chunk("see " + marker[:10]), chunk(marker[10:] + " end")
+    step = Markers(context())
+    assert step.see(sse.parse(first)) is Do.HOLD
+    passed = step.see(sse.parse(second))
+    assert isinstance(passed, tuple) and [e.raw for e in passed] == [first, second]
+    assert step.scan.markers == 1
+    ended = Markers(context())
+    assert through(ended, [first]) == first  # the stream ended: what was held goes on
+
+
+def test_done_goes_last_and_says_the_stream_ended() -> None:
+    step = Done(context())
+    after = chunk("after")
+    assert through(step, [EVENTS[0], DONE, after]) == EVENTS[0] + after + DONE
+    assert step.ended
+    responses = Done(context(path=RESPONSES))
+    final = b'event: response.completed\r\ndata: {"type":"response.completed"}\r\n\r\n'
+    assert through(responses, [final]) == final and responses.ended
