@@ -236,7 +236,7 @@ class GatewaySettings:
     api_key_pepper: Secret
     listen: Listen = Listen()
     client_inputs: ClientInputMode = ClientInputMode.STRIP
-    unknown_fields: UnknownFieldMode = UnknownFieldMode.DROP
+    unknown_fields: UnknownFieldMode = UnknownFieldMode.REJECT
     timeouts: Timeouts = Timeouts()
     limits: ClientLimits = ClientLimits()
     access_log: bool = True
@@ -255,6 +255,14 @@ class GatewaySettings:
     @property
     def active_key(self) -> NamespaceKeySpec:
         return next(k for k in self.namespace_keys if k.active)
+
+    @property
+    def field_modes(self) -> tuple[bool, bool]:
+        """(refuse a scoping field, refuse an unknown field), as the body allowlist takes them."""
+        return (
+            self.client_inputs is ClientInputMode.REJECT,
+            self.unknown_fields is UnknownFieldMode.REJECT,
+        )
 
 
 @dataclass(frozen=True, slots=True)
