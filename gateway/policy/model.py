@@ -48,8 +48,9 @@ class Timeouts:
     """Upstream timeouts in seconds."""
 
     connect_s: float = 5.0
-    first_byte_s: float = 120.0
+    first_byte_s: float = 120.0  # a stream: until its headers
     idle_s: float = 60.0
+    total_s: float = 600.0  # a plain answer, whose headers come only when it is done: all of it
 
 
 @dataclass(frozen=True, slots=True)
