@@ -105,7 +105,7 @@ def test_an_openai_error_passes_byte_for_byte() -> None:
 @pytest.fixture
 async def slow(upstream: FakeUpstream) -> AsyncIterator[Gateway]:
     upstream.plain_delay_s = 1.5  # beyond first_byte_s (1 s in the fixtures' policy)
-    text = policy_text(upstream.url).replace("idle_s: 1}", "idle_s: 1, total_s: 5}")
+    text = policy_text(upstream.url).replace("total_s: 1}", "total_s: 5}")
     async for gw in _gateway(upstream, text):
         yield gw
 
@@ -118,7 +118,7 @@ async def test_a_plain_answer_slower_than_first_byte_is_answered(slow: Gateway) 
 
 async def test_a_plain_answer_past_total_s_is_a_504(upstream: FakeUpstream) -> None:
     upstream.plain_delay_s = 3.0
-    text = policy_text(upstream.url).replace("idle_s: 1}", "idle_s: 1, total_s: 0.5}")
+    text = policy_text(upstream.url).replace("total_s: 1}", "total_s: 0.5}")
     async for gw in _gateway(upstream, text):
         resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG})
         assert resp.status == 504
