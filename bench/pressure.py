@@ -60,7 +60,7 @@ async def _gateway_process(upstream_url: str, limits: str) -> AsyncIterator[int]
         port = free_port()
         text = _limits(policy_text(upstream_url), limits)
         text = text.replace("first_byte_s: 1,", "first_byte_s: 30,")  # a busy backend, held
-        text = text.replace("idle_s: 1}", "idle_s: 60}")
+        text = text.replace("idle_s: 1, total_s: 1}", "idle_s: 60, total_s: 60}")
         text = text.replace("port: 0}\n  admin", f"port: {port}}}\n  admin", 1)
         policy = Path(tmp) / "p.yaml"
         policy.write_text(text)

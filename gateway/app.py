@@ -55,6 +55,7 @@ from gateway.policy.reload import HOLDER, RELOADER, PolicyHolder, Reloader, relo
 from gateway.policy.runtime import Runtime
 from gateway.receipts.service import RECEIPTS, Receipts, receipts_ctx
 from gateway.registry.admin import SPEND, open_registry
+from gateway.relay.headers import keep_content_type
 from gateway.relay.session import SESSION, session_ctx
 from gateway.routing.failover import failover
 from gateway.routing.liveness import LIVENESS, Liveness, LivenessCollector, readyz
@@ -273,6 +274,7 @@ def create_app(
         app[TRACES] = Traces(policy.gateway.tracing)
         app.cleanup_ctx.append(_traces_ctx)
     app.cleanup_ctx.append(session_ctx)
+    app.on_response_prepare.append(keep_content_type)
     app.cleanup_ctx.append(audit_sink_ctx)
     app.cleanup_ctx.append(receipts_ctx)
     app.cleanup_ctx.append(_verify_ctx(temporary))

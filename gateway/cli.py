@@ -35,6 +35,7 @@ from gateway.preflight import problems
 from gateway.server import bound_port, start, start_admin
 from gateway.shared import missing_support
 from gateway.verify.service import remove_state_dir, state_dir_for
+from gateway.verify.tokens import load_problem as tokenizer_problem
 from kvfence.listen import ListenError, check_listen
 from kvfence.logs import configure_logging
 
@@ -232,7 +233,8 @@ def main(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("kvfence gateway: --workers must be at least 1", file=sys.stderr)
         return 2
-    if missing := missing_support(policy) or missing_tracing(policy) or missing_control(policy):
+    missing = missing_support(policy) or missing_tracing(policy) or missing_control(policy)
+    if missing := missing or tokenizer_problem(policy):
         print(f"kvfence gateway: refusing to start: {missing}", file=sys.stderr)
         return 2
     try:  # one line now, rather than one per worker later

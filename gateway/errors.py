@@ -35,19 +35,26 @@ from kvfence.verdict import VERDICT_HEADER, Verdict
 class GatewayError(Exception):
     """A local answer. `message` is shown to the client: never put a key or prompt in it.
     `retry_after_s`, when set, is sent as `Retry-After` (whole seconds, rounded up). `cause`
-    is for the operator's log only (which URL failed, and how), never sent to the client."""
+    is for the operator's log only (which URL failed, and how), never sent to the client.
+    `param` is the request field the error is about (OpenAI's `param`), None when none is."""
 
     status: ClassVar[int] = 500
     type: ClassVar[str] = "server_error"
     code: ClassVar[str] = "internal_error"
 
     def __init__(
-        self, message: str, retry_after_s: float | None = None, *, cause: str | None = None
+        self,
+        message: str,
+        retry_after_s: float | None = None,
+        *,
+        cause: str | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after_s = retry_after_s
         self.cause = cause
+        self.param = param
 
 
 class BadRequest(GatewayError):
@@ -80,7 +87,8 @@ class MalformedBody(BadRequest):
 
 
 class UnknownField(BadRequest):
-    """A body field the policy does not allow, under `gateway.unknown_fields: reject`."""
+    """A body field the gateway does not forward to this backend (unknown, or refused), under
+    `gateway.unknown_fields: reject` (the default); `param` names it."""
 
     code = "unknown_field"
 
@@ -108,7 +116,9 @@ class ModelNotFound(NotFound):
 
     def __init__(self, model: str) -> None:
         shown = model if len(model) <= 128 else model[:128] + "..."
-        super().__init__(f"The model `{shown}` does not exist or you do not have access to it.")
+        super().__init__(
+            f"The model `{shown}` does not exist or you do not have access to it.", param="model"
+        )
 
 
 class PathNotServed(NotFound):
@@ -252,10 +262,10 @@ class UpstreamTimeout(GatewayError):
 
 
 def error_body(error: GatewayError) -> bytes:
-    """The JSON body for a local error answer (also the `data:` of an SSE error event)."""
-    return orjson.dumps(
-        {"error": {"message": error.message, "type": error.type, "code": error.code}}
-    )
+    """The JSON body for a local error answer (also the `data:` of an SSE error event), in
+    OpenAI's shape: `message`, `type`, `param` (null when no one field is at fault), `code`."""
+    shape = {"message": error.message, "type": error.type, "param": error.param, "code": error.code}
+    return orjson.dumps({"error": shape})
 
 
 def error_event(error: GatewayError) -> bytes:

@@ -38,18 +38,22 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "torch": "backend",
     "numpy": "backend",
     "gguf": "backend",
-    "tokenizers": "backend",
-    "jinja2": "backend",
+    "tokenizers": "tokenizer",  # the gateway's exact-mode detective (`detective.tokenizer`)
+    "jinja2": "tokenizer",
     "safetensors": "backend",
     "scipy": "probe-report",
     "matplotlib": "probe-report",
 }
 EXTRA_OF_COMMAND: dict[str, str] = {"backend": "backend", "probe": "probe"}
+# The backend's own extra holds the tokenizer's modules too: it names itself for them.
+OWN_EXTRA_MODULES: dict[str, frozenset[str]] = {"backend": frozenset({"tokenizers", "jinja2"})}
 
 
 def extra_for(command: str, module: str | None) -> str:
     """The extra that provides `module` (a missing import's top-level name) for `command`."""
     top = (module or "").partition(".")[0]
+    if top in OWN_EXTRA_MODULES.get(command, frozenset()):
+        return EXTRA_OF_COMMAND[command]
     return EXTRA_OF_MODULE.get(top) or EXTRA_OF_COMMAND.get(command, "gateway")
 
 

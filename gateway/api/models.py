@@ -1,5 +1,6 @@
 """`GET /v1/models` and `GET /v1/models/{model}`: the models the authenticated tenant may use
-and some backend serves now.
+and some backend serves now, each with the card its backend gives (gateway.api.upstream_models),
+or a card of the gateway's own when none does.
 
 Invariant: a tenant sees only its own models; retrieving any other model, unknown or served to
 others, answers the same 404 `model_not_found` the proxied paths answer. A model whose every
@@ -13,8 +14,10 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from gateway.api.upstream_models import cards
 from gateway.errors import ModelNotFound
 from gateway.filters.authn import authenticate
+from gateway.relay.session import SESSION
 from gateway.routing.liveness import LIVENESS
 from gateway.state import RUNTIME, TENANT
 
@@ -37,10 +40,20 @@ def _offered(request: web.Request) -> set[str]:
     }
 
 
+async def _cards(request: web.Request, names: list[str]) -> list[dict[str, object]]:
+    runtime, liveness = request[RUNTIME], request.app[LIVENESS]
+    wanted = {
+        n: [r.backend for r in runtime.routes[n] if liveness.get(r.backend.name).up is not False]
+        for n in names
+    }
+    found = await cards(request.app[SESSION], wanted)
+    return [found.get(n) or _model(n) for n in names]
+
+
 async def list_models(request: web.Request) -> web.Response:
     await authenticate(request)
     names = sorted(_offered(request))
-    return _json({"object": "list", "data": [_model(n) for n in names]})
+    return _json({"object": "list", "data": await _cards(request, names)})
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
@@ -48,7 +61,8 @@ async def retrieve_model(request: web.Request) -> web.Response:
     name = request.match_info["model"]
     if name not in _offered(request):
         raise ModelNotFound(name)
-    return _json(_model(name))
+    [card] = await _cards(request, [name])
+    return _json(card)
 
 
 def add_routes(app: web.Application) -> None:

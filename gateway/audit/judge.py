@@ -113,8 +113,8 @@ def judge(ctx: AuditContext, answer: Answer) -> Judgement:
         return Judgement(Verdict.VIOLATION, ctx.enforced)
     if ctx.verifier is not None:
         return _attested(ctx, ctx.verifier, answer)
-    if ctx.backend.verify is None:
-        return UNATTESTED  # an unscoped backend: nothing to verify
+    if ctx.backend.verify is None or not 200 <= answer.status < 300:
+        return UNATTESTED  # an unscoped backend, or an error answer: nothing generated to verify
     found = answer.finding.verdict if answer.finding is not None else None
     if found is Verdict.VIOLATION:  # another namespace's records explain the hit: withheld
         return Judgement(Verdict.VIOLATION, ctx.enforced)

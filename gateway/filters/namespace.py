@@ -35,7 +35,8 @@ def _scope_value(tenant: Tenant, body: dict[str, Any], request: web.Request) -> 
         where = f" or header {tenant.scope_header}" if tenant.scope_header else ""
         raise MissingScopeValue(
             f"this tenant's cache scope is {tenant.scope.value}: send {field}{where} "
-            f"(1 to {MAX_SCOPE_VALUE} characters)"
+            f"(1 to {MAX_SCOPE_VALUE} characters)",
+            param=field,
         )
     return value
 

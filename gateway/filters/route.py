@@ -18,7 +18,7 @@ from gateway.verify.service import VERIFY
 async def choose_route(request: web.Request) -> None:
     model = request[BODY].get("model")
     if not isinstance(model, str) or not model:
-        raise BadRequest("the request needs a model")
+        raise BadRequest("the request needs a model", param="model")
     runtime = request[RUNTIME]
     routes = runtime.routes.get(model)
     # Unknown and forbidden models answer alike, so a tenant learns nothing about others' models.

@@ -31,5 +31,6 @@ async def scrub_client_inputs(request: web.Request) -> None:
         counter.labels(tenant.id, name, mode.value).inc()
     if mode is ClientInputMode.REJECT:
         raise ClientInputRejected(
-            f"cache-scoping input {found[0]!r} is not accepted; the gateway sets the namespace"
+            f"cache-scoping input {found[0]!r} is not accepted; the gateway sets the namespace",
+            param=found[0],
         )

@@ -1,10 +1,11 @@
-"""The body allowlist's lists: the OpenAI request fields per path, the message and content-part
-keys, the extra fields each backend kind may be allowed (policy `backends[].extra_fields`), and
-the fields no policy can allow. docs/policy.md prints every list; keep the two in step.
+"""The body allowlist's lists that hold for every backend kind: the OpenAI request fields per
+path, the message and content-part keys, the fields never forwarded because they could select or
+widen a cache scope (NEVER), and the known fields refused for another reason (REFUSED). The
+per-kind lists are in gateway.inputs.kinds. docs/policy.md prints every list; keep them in step.
 
-Invariant: NEVER and every kind's ALLOWABLE list are disjoint, and no path's OpenAI list holds a
-NEVER name, so a field that names blocks, engines, hosts, sessions, request ids, previous
-responses, multimodal cache ids or a cache scope cannot reach a backend whatever the policy says.
+Invariant: no path's OpenAI list holds a NEVER or REFUSED name, so a field that names blocks,
+engines, hosts, sessions, request ids, previous responses, multimodal cache ids or a cache scope
+cannot reach a backend whatever the policy says.
 """
 
 from __future__ import annotations
@@ -44,13 +45,17 @@ OPENAI: Final[dict[str, frozenset[str]]] = {
 # Chat message keys, and per content-part type the keys a part keeps (the part's payload object
 # keeps only the keys listed in PAYLOAD). A part of any other type is an unknown field.
 MESSAGE: Final = _F({"role", "content", "name", "tool_calls", "tool_call_id", "function_call",
-                     "refusal", "audio"})  # fmt: skip
+                     "refusal", "audio", "annotations", "reasoning",
+                     "reasoning_content"})  # fmt: skip
 PARTS: Final[dict[str, frozenset[str]]] = {
     "text": _F({"type", "text"}),
     "image_url": _F({"type", "image_url"}),
     "input_audio": _F({"type", "input_audio"}),
     "file": _F({"type", "file"}),
     "refusal": _F({"type", "refusal"}),
+    # vLLM's and SGLang's media parts (by URL or data URL)
+    "video_url": _F({"type", "video_url"}),
+    "audio_url": _F({"type", "audio_url"}),
     # the Responses API's input items
     "input_text": _F({"type", "text"}),
     "input_image": _F({"type", "image_url", "file_id", "detail"}),
@@ -61,6 +66,8 @@ PAYLOAD: Final[dict[str, frozenset[str]]] = {
     "image_url": _F({"url", "detail"}),
     "input_audio": _F({"data", "format"}),
     "file": _F({"file_data", "file_id", "filename"}),
+    "video_url": _F({"url"}),
+    "audio_url": _F({"url"}),
 }
 # Responses input items that point at stored state (a previous response's items).
 STORED_ITEMS: Final = _F({"item_reference"})
@@ -86,52 +93,27 @@ NEVER: Final = _F({
     "uuid", "content_hash", "multi_modal_uuids", "mm_hashes",
 })  # fmt: skip
 
-_SAMPLING = _F({"top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
-                "ignore_eos", "skip_special_tokens"})  # fmt: skip
-# What `backends[].extra_fields` may name, per kind. Deliberately absent everywhere (not
-# allowable): server-side code or templates (`chat_template`, `vllm_xargs`,
-# `custom_logit_processor`, `mm_processor_kwargs`, `media_io_kwargs`), adapter selection
-# (`lora_path`, `lora_request`) and raw multimodal payloads (`mm_payload`, `prompt_embeds`).
-ALLOWABLE: Final[dict[str, frozenset[str]]] = {
-    "vllm": _SAMPLING | {"length_penalty", "include_stop_str_in_output",
-                         "spaces_between_special_tokens", "truncate_prompt_tokens",
-                         "prompt_logprobs", "allowed_token_ids", "bad_words",
-                         "structured_outputs", "add_generation_prompt",
-                         "continue_final_message", "add_special_tokens", "chat_template_kwargs",
-                         "include_reasoning", "return_token_ids", "return_tokens_as_token_ids",
-                         "use_beam_search", "documents", "priority", "thinking_token_budget",
-                         "echo"},
-    "sglang": _SAMPLING | {"no_stop_trim", "regex", "ebnf", "json_schema",
-                           "separate_reasoning", "stream_reasoning", "chat_template_kwargs",
-                           "continue_final_message", "priority"},
-    "trtllm": _SAMPLING | {"length_penalty", "include_stop_str_in_output",
-                           "spaces_between_special_tokens", "add_special_tokens",
-                           "add_generation_prompt"},
-    "dynamo": _SAMPLING | {"nvext.ignore_eos", "nvext.top_k", "nvext.repetition_penalty",
-                           "nvext.greed_sampling", "nvext.annotations"},
-    "kvfence": _F({"ignore_eos"}),
-    "tgi": _F({"top_k", "repetition_penalty"}),
-    "llamacpp": _F({"top_k", "min_p", "repeat_penalty", "typical_p", "mirostat",
-                    "mirostat_tau", "mirostat_eta", "cache_prompt"}),
-    "openai": _F(),
-}  # fmt: skip
+# Known names never forwarded to any backend, though they name no scope, each with why: a
+# template or code the server would run, adapter selection, raw embeddings. The audit fingerprints
+# the prompt the server caches from the request; with these it could not, and a cross-tenant hit
+# would pass unseen. (Dotted: inside that object.)
+REFUSED: Final[dict[str, str]] = {
+    "chat_template": "a template the server would run instead of the model's own",
+    "vllm_xargs": "arguments to code the server would run",
+    "custom_logit_processor": "code the server would run",
+    "custom_params": "arguments to code the server would run",
+    "mm_processor_kwargs": "options of the server's multimodal processor",
+    "media_io_kwargs": "options of the server's media loaders",
+    "mm_payload": "a raw multimodal payload",
+    "prompt_embeds": "raw prompt embeddings",
+    "lora_path": "it selects an adapter",
+    "lora_request": "it selects an adapter",
+}
 
-# Every name above: the bounded set a dropped field is counted under (anything else: "other").
-KNOWN: Final = (
-    _F().union(*OPENAI.values(), *ALLOWABLE.values(), NEVER, MESSAGE)
+# Every name above, but the per-kind lists (gateway.inputs.kinds adds those): the bounded set a
+# field is counted under (anything else: "other").
+KNOWN_HERE: Final = (
+    _F().union(*OPENAI.values(), NEVER, MESSAGE, REFUSED)
     | {f"{where}.{k}" for where in ("messages", "messages.content", "input.content") for k in NEVER}
     | {"messages.content", "input.content", "input"}
 )
-
-
-def extra_field_problem(kind: str, name: str) -> str | None:
-    """Why `name` cannot be an extra field of a `kind` backend, or None when it can."""
-    if name in NEVER:
-        return (
-            f"{name} is never forwarded: it names a cache scope, blocks, engines, hosts, a "
-            "session, a request id, a previous response or a multimodal cache id"
-        )
-    if name not in ALLOWABLE.get(kind, _F()):
-        allowed = ", ".join(sorted(ALLOWABLE.get(kind, _F()))) or "none"
-        return f"{name} is not an extra field kind {kind} takes (allowable: {allowed})"
-    return None

@@ -48,8 +48,9 @@ class Timeouts:
     """Upstream timeouts in seconds."""
 
     connect_s: float = 5.0
-    first_byte_s: float = 120.0
+    first_byte_s: float = 120.0  # a stream: until its headers
     idle_s: float = 60.0
+    total_s: float = 600.0  # a plain answer, whose headers come only when it is done: all of it
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +238,7 @@ class GatewaySettings:
     api_key_pepper: Secret
     listen: Listen = Listen()
     client_inputs: ClientInputMode = ClientInputMode.STRIP
-    unknown_fields: UnknownFieldMode = UnknownFieldMode.DROP
+    unknown_fields: UnknownFieldMode = UnknownFieldMode.REJECT
     timeouts: Timeouts = Timeouts()
     limits: ClientLimits = ClientLimits()
     access_log: bool = True
@@ -256,6 +257,14 @@ class GatewaySettings:
     @property
     def active_key(self) -> NamespaceKeySpec:
         return next(k for k in self.namespace_keys if k.active)
+
+    @property
+    def field_modes(self) -> tuple[bool, bool]:
+        """(refuse a scoping field, refuse an unknown field), as the body allowlist takes them."""
+        return (
+            self.client_inputs is ClientInputMode.REJECT,
+            self.unknown_fields is UnknownFieldMode.REJECT,
+        )
 
 
 @dataclass(frozen=True, slots=True)

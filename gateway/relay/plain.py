@@ -20,12 +20,23 @@ from gateway.audit.exchange import Exchange
 from gateway.audit.replies import Withheld
 from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable, error_response
 from gateway.relay.context import context_of
+from gateway.relay.error_shape import openai_shaped
 from gateway.relay.failures import describe
+from gateway.relay.headers import remember
 from gateway.relay.reading import read_all
 from gateway.relay.session import SESSION
 from gateway.relay.stream import relay_stream
-from gateway.state import ROUTE, RUNTIME, TIMING, UPSTREAM_BODY, UPSTREAM_HEADERS
+from gateway.state import BODY, ROUTE, RUNTIME, TIMING, UPSTREAM_BODY, UPSTREAM_HEADERS
 from kvfence.attestation import ATTESTATION_HEADER
+
+
+def _deadline(request: web.Request) -> tuple[str, float]:
+    """A stream's headers come at its first token: `first_byte_s`. A plain answer's come only
+    when it is done, so its one limit is `total_s`, over the headers and the body together."""
+    timeouts = request[RUNTIME].policy.gateway.timeouts
+    if request[BODY].get("stream") is True:
+        return "first_byte_s", timeouts.first_byte_s
+    return "total_s", timeouts.total_s
 
 
 async def _open(request: web.Request) -> aiohttp.ClientResponse:
@@ -33,16 +44,16 @@ async def _open(request: web.Request) -> aiohttp.ClientResponse:
     data = request[UPSTREAM_BODY]
     request[TIMING].upstream_sent = time.perf_counter()
     url = runtime.upstream_urls[route.backend.name, request.path]
-    first_byte_s = runtime.policy.gateway.timeouts.first_byte_s
+    name, limit_s = _deadline(request)
     try:
-        async with asyncio.timeout(first_byte_s):
+        async with asyncio.timeout(limit_s):
             return await request.app[SESSION].post(
                 url, data=data, headers=request[UPSTREAM_HEADERS], timeout=runtime.upstream_timeout
             )
     except TimeoutError as exc:
         cause = describe(exc)
         if not isinstance(exc, aiohttp.ClientError):  # our own deadline, not aiohttp's
-            cause = f"no answer within timeouts.first_byte_s ({first_byte_s:g} s)"
+            cause = f"no answer within timeouts.{name} ({limit_s:g} s)"
         message = f"backend {route.backend.name} did not answer in time"
         raise UpstreamTimeout(message, cause=cause) from None
     except aiohttp.ClientError as exc:
@@ -50,20 +61,39 @@ async def _open(request: web.Request) -> aiohttp.ClientResponse:
         raise UpstreamUnavailable(message, cause=describe(exc)) from None
 
 
+async def _read_plain(request: web.Request, upstream: aiohttp.ClientResponse) -> bytes:
+    """The whole plain answer, within what is left of `total_s` since it was sent."""
+    gateway = request[RUNTIME].policy.gateway
+    limit_s, cap = gateway.timeouts.total_s, gateway.limits.max_answer_bytes
+    left_s = limit_s - (time.perf_counter() - request[TIMING].upstream_sent)
+    try:
+        async with asyncio.timeout(max(left_s, 0.0)):
+            return await read_all(upstream, gateway.timeouts.idle_s, cap)
+    except TimeoutError:
+        cause = f"not done within timeouts.total_s ({limit_s:g} s)"
+        raise UpstreamTimeout("backend did not finish its answer in time", cause=cause) from None
+
+
 async def _relay(
     request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange, attested: bool
 ) -> web.StreamResponse:
     exchange.began(upstream.status)
     if upstream.status == 200 and upstream.content_type == SSE:
+        remember(request, upstream)  # the stream's headers are the stream relay's
         return await relay_stream(request, upstream, exchange, attested)
-    gateway = request[RUNTIME].policy.gateway
-    body = await read_all(upstream, gateway.timeouts.idle_s, gateway.limits.max_answer_bytes)
+    body = await _read_plain(request, upstream)
+    content_type = upstream.headers.get("content-type", "application/json")
+    if not 200 <= upstream.status < 300 and not attested:
+        # our backend's errors are judged as sent: its non-plain error is `missing`
+        reshaped = openai_shaped(upstream.status, body)
+        if reshaped is not None:
+            body, content_type = reshaped, "application/json"
     attestations = upstream.headers.getall(ATTESTATION_HEADER, [])
     answer = await exchange.plain(body, attestations)
     request[TIMING].client_headers = time.perf_counter()
     if isinstance(answer, Withheld):
         return error_response(answer.error, answer.request_id, headers=answer.headers)
-    headers = {"content-type": upstream.content_type, **answer.headers}
+    headers = {"content-type": content_type, **answer.headers}
     return web.Response(body=answer.body, status=upstream.status, headers=headers)
 
 

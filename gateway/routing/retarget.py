@@ -1,7 +1,7 @@
 """Moving a request to another backend of its model (the replica step's choice, a failover's
 next try): the route changes, the body goes back to its form before the adapter step and is
-pruned again for the new backend's extra fields. The steps that depend on the backend (public
-parts, the adapter) run again afterwards; the caller runs them.
+pruned again for the new backend's kind and extra fields. The steps that depend on the backend
+(public parts, the adapter) run again afterwards; the caller runs them.
 
 Invariant: a request never reaches a backend with fields that backend's policy does not allow.
 """
@@ -13,7 +13,6 @@ from aiohttp import web
 from gateway.inputs import jsonbody
 from gateway.inputs.allowlist import enforce
 from gateway.metrics import METRICS
-from gateway.policy.model import UnknownFieldMode
 from gateway.policy.runtime import Route
 from gateway.state import BODY, ROUTE, RUNTIME, UNSCOPED_BODY
 
@@ -24,7 +23,8 @@ def retarget(request: web.Request, route: Route) -> None:
     if UNSCOPED_BODY in request:
         request[BODY] = jsonbody.loads(request[UNSCOPED_BODY])
     backend = route.backend
-    if backend.extra_fields != previous.backend.extra_fields:
-        reject = request[RUNTIME].policy.gateway.unknown_fields is UnknownFieldMode.REJECT
+    old = previous.backend
+    if (backend.kind, backend.extra_fields) != (old.kind, old.extra_fields):
         body, metrics = request[BODY], request.app[METRICS]
-        enforce(request.path, body, backend.name, backend.extra_fields, reject, metrics)
+        mode = request[RUNTIME].policy.gateway.field_modes
+        enforce(request.path, body, backend.kind, backend.name, backend.extra_fields, mode, metrics)

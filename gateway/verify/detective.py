@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -22,8 +24,10 @@ from gateway.fleet.unavailable import SharedUnavailable
 from gateway.policy.backend_model import DetectiveSettings
 from gateway.verify import fingerprints as fp
 from gateway.verify.history import History, Presence, Recorder
-from gateway.verify.tokens import ChatTokenizer
+from gateway.verify.tokens import ChatTokenizer, TokenizerError
 from kvfence.verdict import Verdict
+
+log = logging.getLogger("kvfence.gateway.detective")
 
 # Why a hit is not explained by its own namespace (the `reason` of a finding; docs/verify.md).
 OWN: Final = "own"
@@ -89,11 +93,23 @@ class Detective:
         self.history = history
         self._secret = secret
         self._tokenizers: dict[Path, ChatTokenizer] = {}
+        self._unloadable: set[Path] = set()
 
-    def _tokenizer(self, folder: Path) -> ChatTokenizer:
+    def preload(self, folders: Iterable[Path]) -> None:
+        """Load the tokenizers a policy names when the worker starts, so none is first loaded
+        inside a request (the command line refused to start with one that cannot be)."""
+        for folder in folders:
+            self._tokenizer(folder)
+
+    def _tokenizer(self, folder: Path) -> ChatTokenizer | None:
+        """The loaded tokenizer; None (bound mode) for one that could not be loaded."""
         found = self._tokenizers.get(folder)
-        if found is None:
-            found = self._tokenizers[folder] = ChatTokenizer(folder)
+        if found is None and folder not in self._unloadable:
+            try:
+                found = self._tokenizers[folder] = ChatTokenizer(folder)
+            except TokenizerError as exc:
+                self._unloadable.add(folder)
+                log.error("detective: bound mode for %s: %s", folder, exc)
         return found
 
     def recorder(self, tenant: str, namespace: str) -> Recorder:
@@ -118,10 +134,9 @@ class Detective:
         bound = fp.Fingerprints(tuple(keys), tuple(positions), len(stream), False, starts)
         who = self.recorder(tenant, namespace)
         obs = Observation(settings, model, who, entropy.nonce32(), stream, bound, [])
-        if settings.tokenizer is not None:
-            ids = await asyncio.to_thread(
-                self._tokenizer(settings.tokenizer).prompt_ids, path, body
-            )
+        tokenizer = self._tokenizer(settings.tokenizer) if settings.tokenizer else None
+        if tokenizer is not None:
+            ids = await asyncio.to_thread(tokenizer.prompt_ids, path, body)
             if ids is not None:
                 blocks = fp.block_keys(self._secret, model, ids, settings.block_size)
                 ends = tuple(range(settings.block_size, len(ids) + 1, settings.block_size))
@@ -149,8 +164,9 @@ class Detective:
         positions = fp.checkpoints(longer, start=obs.bound.total)
         keys = fp.bound_keys(self._secret, obs.model, longer, positions)
         folder = obs.settings.tokenizer
-        if folder is not None and obs.exact_ids is not None:
-            more = self._tokenizer(folder).text_ids(text, False)
+        tokenizer = self._tokenizer(folder) if folder is not None else None
+        if tokenizer is not None and obs.exact_ids is not None:
+            more = tokenizer.text_ids(text, False)
             size = obs.settings.block_size
             blocks = fp.block_keys(self._secret, obs.model, obs.exact_ids + more, size)
             keys += blocks[len(obs.exact.keys) if obs.exact else 0 :]

@@ -51,6 +51,11 @@ class Verification:
             state_dir / "history.bin", history.capacity, history.tenant_cap
         )
         self.detective = Detective(self.store, secret)
+        self.detective.preload(
+            b.verify.detective.tokenizer
+            for b in policy.backends
+            if b.verify and b.verify.detective and b.verify.detective.tokenizer
+        )
         self.health = HealthBoard(state_dir / "health.json")
         self.markers = MarkerKey(secret)
         self.canary_lock = state_dir / "canary.lock"

@@ -2,18 +2,23 @@
 (a Hugging Face directory named by the policy), rendering a request the way the server does.
 
 Invariant: the result is used only when its token count equals the prompt tokens the server
-reports for the same request; any disagreement falls back to the sound upper bound.
+reports for the same request; any disagreement falls back to the sound upper bound. Every
+tokenizer a policy names is loaded when the gateway starts (`load_problem`): one that cannot be
+is a one-line refusal then, never an error inside a request.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 from gateway.inputs.paths import COMPLETIONS
+from gateway.policy.model import Policy
 from gateway.verify import render
+
+EXTRA: Final = "pip install 'kvfence[gateway,tokenizer]'"
 
 
 class TokenizerError(ValueError):
@@ -25,16 +30,20 @@ class ChatTokenizer:
         try:
             import jinja2.sandbox
             from tokenizers import Tokenizer
-        except ImportError as exc:  # pragma: no cover - both ship with kvfence[gateway]
-            raise TokenizerError(f"exact mode needs {exc.name}: install kvfence[gateway]") from exc
+        except ImportError as exc:
+            raise TokenizerError(f"exact mode needs {exc.name}: {EXTRA}") from exc
         try:
+            # `tokenizers` raises a bare Exception for a file it cannot parse
             self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
             config = _config(folder)
-        except (OSError, ValueError, orjson.JSONDecodeError) as exc:
+        except Exception as exc:  # re-raised as the one error callers know
             raise TokenizerError(f"{folder}: cannot load the tokenizer: {exc}") from exc
         source = _template(folder, config)
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        self._template = env.from_string(source) if source else None
+        try:
+            self._template = env.from_string(source) if source else None
+        except jinja2.TemplateError as exc:
+            raise TokenizerError(f"{folder}: cannot load the chat template: {exc}") from exc
         self._errors = jinja2.TemplateError
         self._specials = {
             k: _token_text(config.get(k)) for k in ("bos_token", "eos_token", "unk_token")
@@ -73,6 +82,20 @@ class ChatTokenizer:
 
     def text_ids(self, text: str, special: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=special).ids)
+
+
+def load_problem(policy: Policy) -> str | None:
+    """One line saying why a tokenizer the policy names (`verify.detective.tokenizer`) cannot
+    be loaded, or None when every one can."""
+    for backend in policy.backends:
+        detective = backend.verify.detective if backend.verify is not None else None
+        if detective is None or detective.tokenizer is None:
+            continue
+        try:
+            ChatTokenizer(detective.tokenizer)
+        except TokenizerError as exc:
+            return f"backends[{backend.name}].verify.detective.tokenizer: {exc}"
+    return None
 
 
 def _config(folder: Path) -> dict[str, Any]:

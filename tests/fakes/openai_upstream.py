@@ -94,13 +94,25 @@ def completion() -> dict[str, Any]:
     }
 
 
+# vLLM's model cards: `smollm2` (the fixtures' model) and one no fixture tenant may use.
+MODEL_CARDS: list[dict[str, Any]] = [
+    {"id": "smollm2", "object": "model", "created": 1700000000, "owned_by": "vllm",
+     "root": "/models/smollm2-hf", "parent": None, "max_model_len": 4096,
+     "permission": [{"id": "modelperm-1", "object": "model_permission", "allow_sampling": True}]},
+    {"id": "not-yours", "object": "model", "created": 1700000000, "owned_by": "vllm",
+     "root": "/models/not-yours", "parent": None, "max_model_len": 2048, "permission": []},
+]  # fmt: skip
+
+
 @dataclass
 class FakeUpstream:
     """`mode`: ok | die_before | die_mid | stall_before | hold | flood (a stream of 16 MiB) |
     huge (a 2 MiB plain answer) | no_done (a stream that ends without `[DONE]`) | long (a stream
     of `LONG` one-token events, a few milliseconds apart, then its usage) | no_usage (answers,
-    plain or streamed, that report no usage even when asked). `split` sends each stream event
-    in two writes, so the gateway sees chunks that cut events in half."""
+    plain or streamed, that report no usage even when asked) | detail (404 `{"detail": "Not
+    Found"}`, FastAPI's shape, as vLLM answers a path it does not serve). `split` sends each
+    stream event in two writes, so the gateway sees chunks that cut events in half. `GET
+    /v1/models` answers MODEL_CARDS, vLLM's way, unrecorded (as `/health`)."""
 
     mode: str = "ok"
     split: bool = False
@@ -108,6 +120,9 @@ class FakeUpstream:
     health_checks: int = 0
     unhealthy: bool = False  # GET /health answers 503
     set_cookie: str = ""  # sent as Set-Cookie with every plain answer
+    plain_type: str = "application/json"  # a plain answer's Content-Type
+    sse_type: str = "text/event-stream"  # a stream's Content-Type
+    plain_delay_s: float = 0.0  # a plain answer's headers come only after this (as vLLM's do)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     _runner: web.AppRunner | None = None
     url: str = ""
@@ -130,6 +145,8 @@ class FakeUpstream:
         if request.method == "GET" and request.path == "/health":
             self.health_checks += 1  # the gateway's background check: not a request to record
             return web.Response(status=503 if self.unhealthy else 200)
+        if request.method == "GET" and request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": MODEL_CARDS})
         body = await request.read()
         self.received.append(
             Received(request.method, request.path, list(request.headers.items()), body)
@@ -141,21 +158,24 @@ class FakeUpstream:
         if self.mode == "stall_before":
             await asyncio.sleep(3600)
         doc = orjson.loads(body) if body else {}
+        if self.mode == "detail":
+            return web.json_response({"detail": "Not Found"}, status=404)
         if doc.get("stream") is True:
             return await self._stream(request, doc)
+        await asyncio.sleep(self.plain_delay_s)
         answer = completion()
         if self.mode == "huge":
             answer["choices"][0]["message"]["content"] = "x" * (2 << 20)
         if self.mode == "no_usage":
             del answer["usage"]
-        resp = web.Response(body=orjson.dumps(answer), content_type="application/json")
+        resp = web.Response(body=orjson.dumps(answer), headers={"content-type": self.plain_type})
         if self.set_cookie:
             resp.headers["set-cookie"] = self.set_cookie
         return resp
 
     async def _stream(self, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
         options = doc.get("stream_options") or {}
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        resp = web.StreamResponse(headers={"content-type": self.sse_type})
         await resp.prepare(request)
         events = sse_events(bool(options.get("include_usage")) and self.mode != "no_usage")
         if self.mode == "flood":

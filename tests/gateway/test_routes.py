@@ -38,7 +38,7 @@ async def test_embeddings_are_scoped_and_allowlisted(gw: Gateway) -> None:
 
 
 async def test_tokenize_and_detokenize_reach_vllm_unscoped(gw: Gateway) -> None:
-    tokenize = {"model": "smollm2", "messages": [{"role": "user", "content": "hi", "x": 1}],
+    tokenize = {"model": "smollm2", "messages": [{"role": "user", "content": "hi", "uuid": "u"}],
                 "cache_salt": "mine", "add_generation_prompt": True}  # fmt: skip
     # No scope value needed: the tokenizer touches no cache.
     status, _, _ = await post(gw, "/tokenize", tokenize, tenant="initech")

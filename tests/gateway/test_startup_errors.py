@@ -99,3 +99,36 @@ def test_a_missing_audit_folder_stops_the_gateway_with_one_line(tmp_path: Path) 
     policy.write_text(policy.read_text().replace("access_log: false", audit))
     line = _one_line(_run("gateway", "--policy", str(policy), "--workers", "2"), 1)
     assert f"folder {tmp_path / 'logs'} does not exist: create it (mkdir -m 700)" in line
+
+
+def _with_tokenizer(tmp_path: Path, folder: Path) -> Path:
+    policy = _policy(tmp_path, _free())
+    text = policy.read_text()
+    assert "verify: {canary: false}" in text
+    exact = f"verify: {{canary: false, detective: {{tokenizer: '{folder}'}}}}"
+    policy.write_text(text.replace("verify: {canary: false}", exact))
+    return policy
+
+
+@pytest.mark.parametrize(
+    ("files", "why"),
+    [
+        ({"tokenizer.json": "{not a tokenizer"}, "cannot load the tokenizer"),
+        ({"chat_template.jinja": "{% for m in messages %}{{ m"}, "cannot load the chat template"),
+    ],
+)
+def test_a_tokenizer_that_cannot_be_loaded_stops_the_gateway_with_one_line(
+    tmp_path: Path, files: dict[str, str], why: str
+) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    good = Path(__file__).resolve().parents[2] / ".models" / "smollm2-hf" / "tokenizer.json"
+    if "tokenizer.json" not in files:
+        if not good.is_file():
+            pytest.skip("no tokenizer directory here (made by scripts/vllm-env)")
+        (folder / "tokenizer.json").write_bytes(good.read_bytes())
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    line = _one_line(_run("gateway", "--policy", str(_with_tokenizer(tmp_path, folder))), 2)
+    assert line.startswith("kvfence gateway: refusing to start: backends[fake-vllm]"), line
+    assert why in line and str(folder) in line

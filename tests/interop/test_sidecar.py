@@ -1,5 +1,6 @@
 """`scripts/sidecar` from a fresh clone (its own fresh `.venv`, a user's environment), in front of
-the session's real vLLM, as the README tells a newcomer to run it: it ends with the isolation
+the session's real vLLM, as the README tells a newcomer to run it (with `--tokenizer`, the
+detective's exact mode the README recommends): it ends with the isolation
 proven by `kvfence probe`, `scripts/sidecar check` proves it again, the audit command it prints
 verifies both workers' chains, and Ctrl-C stops everything it started."""
 
@@ -17,6 +18,7 @@ import pytest
 
 from tests.kit.fresh_env import clone as fresh_clone
 from tests.kit.fresh_env import user_env
+from tests.kit.vllm_server import MODEL_DIR
 
 READY = "Ctrl-C stops everything this script started."
 
@@ -49,7 +51,7 @@ def test_scripts_sidecar_proves_isolation_in_front_of_vllm(tmp_path: Path, vllm_
     port, admin = _free_port(), _free_port()
     env = user_env()
     command = ["bash", "scripts/sidecar", "--vllm-url", vllm_url, "--port", str(port)]
-    command += ["--admin-port", str(admin), "--block-size", "128"]
+    command += ["--admin-port", str(admin), "--block-size", "128", "--tokenizer", str(MODEL_DIR)]
     proc = subprocess.Popen(
         command,
         cwd=clone,

@@ -39,7 +39,7 @@ def policy_text(url: str, *, mode: str = "strip", active: str = "ns1", extra: st
             - {{id: ns2, secret: {{env: NS_KEY2}}, active: {str(active == "ns2").lower()}}}
           api_key_pepper: {{env: PEPPER}}
           client_inputs: {mode}
-          timeouts: {{connect_s: 2, first_byte_s: 1, idle_s: 1}}
+          timeouts: {{connect_s: 2, first_byte_s: 1, idle_s: 1, total_s: 1}}
           limits: {{header_timeout_s: 0.5, body_timeout_s: 0.5, max_body_bytes: 65536}}
           access_log: false
         backends:

@@ -41,3 +41,6 @@ def test_commands_name_their_own_extra_for_shared_modules() -> None:
     assert extra_for("gateway", "aiohttp") == "gateway"
     assert extra_for("gateway", "redis.asyncio") == "redis"
     assert extra_for("backend", "torch") == "backend"
+    assert extra_for("gateway", "tokenizers") == "tokenizer"  # the exact-mode detective's
+    assert extra_for("backend", "tokenizers") == "backend"
+    assert {"tokenizers", "jinja2"} <= _dists("backend") & _dists("tokenizer")

@@ -10,7 +10,7 @@ MSG = [{"role": "user", "content": "hi"}]
 
 async def _error(resp: object) -> dict[str, str]:
     body = await resp.json()  # type: ignore[attr-defined]
-    assert set(body["error"]) == {"message", "type", "code"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
     return body["error"]  # type: ignore[no-any-return]
 
 

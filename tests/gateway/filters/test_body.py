@@ -1,8 +1,9 @@
 """The body passes an allowlist: what the fake upstream receives holds the OpenAI fields of the
-path and the extra fields the policy allows its backend kind, and none of the fields that name
-blocks, engines, hosts, sessions, request ids, previous responses or multimodal cache ids, at
-the top level, in messages, in content parts or in Responses input items. Integers beyond 64
-bits arrive with their exact digits."""
+path, the fields its backend kind's server documents and the extra fields the policy allows, and
+none of the fields that name blocks, engines, hosts, sessions, request ids, previous responses or
+multimodal cache ids, at the top level, in messages, in content parts or in Responses input
+items. A field the gateway does not know is a 400 naming it, unless the policy drops such fields.
+Integers beyond 64 bits arrive with their exact digits."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gateway.inputs import fields
+from gateway.inputs import fields, kinds
 from gateway.inputs.allowlist import prune
 from gateway.policy.load import parse_policy
 from gateway.policy.node import PolicyError
@@ -58,10 +59,14 @@ def names_in(value: Any) -> set[str]:
     return set()
 
 
+# What the allowlist strips (NEVER names): the rest of FORWARDED_BEFORE is refused (below).
+STRIPPED = {k: v for k, v in FORWARDED_BEFORE.items() if k in fields.NEVER}
+
+
 async def test_no_field_that_names_blocks_hosts_sessions_or_ids_is_forwarded(
     vllm: Gateway,
 ) -> None:
-    status, _ = await send(vllm, CHAT, chat_body(**FORWARDED_BEFORE))
+    status, _ = await send(vllm, CHAT, chat_body(**STRIPPED))
     assert status == 200
     sent = vllm.upstream.received[-1].json
     never = set(FORWARDED_BEFORE) | fields.NEVER | {"worker_id"}
@@ -81,7 +86,7 @@ async def test_no_field_that_names_blocks_hosts_sessions_or_ids_is_forwarded(
 
 @pytest.mark.parametrize("path", [COMPLETIONS, RESPONSES])
 async def test_every_path_is_allowlisted(vllm: Gateway, path: str) -> None:
-    body: dict[str, Any] = {"model": "smollm2", **FORWARDED_BEFORE, "temperature": 0.5}
+    body: dict[str, Any] = {"model": "smollm2", **STRIPPED, "temperature": 0.5}
     if path == COMPLETIONS:
         body["prompt"] = "hi"
     else:
@@ -106,31 +111,96 @@ async def test_every_path_is_allowlisted(vllm: Gateway, path: str) -> None:
         ]  # fmt: skip
 
 
+async def test_the_servers_own_fields_pass_by_default(vllm: Gateway) -> None:
+    extra = {"top_k": 5, "min_p": 0.1, "prompt_logprobs": 1, "structured_outputs": {"regex": "a"},
+             "return_token_ids": True, "echo": True, "min_tokens": 2, "truncation_side": "left",
+             "truncate_prompt_tokens": 64}  # fmt: skip
+    status, _ = await send(vllm, CHAT, chat_body(**extra))
+    assert status == 200
+    sent = vllm.upstream.received[-1].json
+    assert {k: sent[k] for k in extra} == extra
+    status, _ = await send(vllm, COMPLETIONS, {"model": "smollm2", "prompt": "hi", "echo": True,
+                                               "logprobs": 1, "prompt_logprobs": 0})  # fmt: skip
+    assert status == 200
+    assert vllm.upstream.received[-1].json["prompt_logprobs"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "hint"),
+    [
+        ({"max_tokns": 5}, "max_tokns", "backends[].extra_fields"),
+        ({"priority": -100}, "priority", "backends[].extra_fields"),
+        ({"chat_template": "{{ 'x' }}"}, "chat_template", "never forwarded"),
+        ({"nvext": {"top_k": 1}}, "nvext", "backends[].extra_fields"),
+        ({"messages": [{"role": "user", "content": "hi", "cache_control": {}}]},
+         "messages.cache_control", "backends[].extra_fields"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_embeds"}]}]},
+         "messages.content.image_embeds", "backends[].extra_fields"),
+    ],
+)  # fmt: skip
+async def test_a_field_the_gateway_does_not_forward_is_a_400_naming_it(
+    vllm: Gateway, body: dict[str, Any], param: str, hint: str
+) -> None:
+    status, answer = await send(vllm, CHAT, {**chat_body(), **body})
+    assert status == 400
+    error = answer["error"]
+    assert (error["code"], error["param"], error["type"]) == (
+        "unknown_field",
+        param,
+        "invalid_request_error",
+    )
+    assert param in error["message"] and hint in error["message"]
+    assert vllm.upstream.received == []
+
+
 async def test_extra_fields_pass_only_where_the_policy_allows_them(
     upstream: FakeUpstream,
 ) -> None:
-    text = with_backend(policy_text(upstream.url), "vllm", "extra_fields: [top_k, priority]")
+    text = with_backend(policy_text(upstream.url), "vllm", "extra_fields: [priority, new_knob]")
     gw, runner = await gateway_for(upstream, text)
     try:
-        status, _ = await send(gw, CHAT, chat_body(top_k=5, priority=1, min_p=0.1, rid="x"))
+        body = chat_body(top_k=5, priority=1, new_knob="x", min_p=0.1, rid="x")
+        status, _ = await send(gw, CHAT, body)
         assert status == 200
         sent = upstream.received[-1].json
-        assert (sent["top_k"], sent["priority"]) == (5, 1)
-        assert "min_p" not in sent and "rid" not in sent
+        assert (sent["top_k"], sent["priority"], sent["new_knob"], sent["min_p"]) == (
+            5,
+            1,
+            "x",
+            0.1,
+        )
+        assert "rid" not in sent
+    finally:
+        await gw.session.close()
+        await runner.cleanup()
+
+
+async def test_unknown_fields_drop_is_an_explicit_choice(upstream: FakeUpstream) -> None:
+    text = policy_text(upstream.url).replace("client_inputs: strip", "client_inputs: strip\n"
+                                             "  unknown_fields: drop")  # fmt: skip
+    gw, runner = await gateway_for(upstream, text)
+    try:
+        status, _ = await send(gw, CHAT, chat_body(max_tokns=5, priority=3))
+        assert status == 200
+        sent = upstream.received[-1].json
+        assert "max_tokns" not in sent and "priority" not in sent
+        metrics = await gw.metrics()
+        assert 'field="priority"' in metrics and 'action="drop"' in metrics
+        assert 'field="other"' in metrics  # an unknown name is never a metric label
     finally:
         await gw.session.close()
         await runner.cleanup()
 
 
 async def test_dynamo_keeps_only_the_allowed_nvext_fields(upstream: FakeUpstream) -> None:
-    text = with_backend(policy_text(upstream.url), "dynamo", "extra_fields: [nvext.top_k]")
+    text = with_backend(policy_text(upstream.url), "dynamo")
     gw, runner = await gateway_for(upstream, text)
     try:
         nvext = {"top_k": 4, "backend_instance_id": 9, "session_control": {"id": "s"},
                  "cache_salt": "evil", "greed_sampling": True}  # fmt: skip
         status, _ = await send(gw, CHAT, chat_body(nvext=nvext))
         assert status == 200
-        assert upstream.received[-1].json["nvext"] == {"top_k": 4}
+        assert upstream.received[-1].json["nvext"] == {"top_k": 4, "greed_sampling": True}
     finally:
         await gw.session.close()
         await runner.cleanup()
@@ -163,38 +233,45 @@ def test_the_policy_refuses_fields_no_backend_may_get(kind: str, name: str, why:
 
 
 def test_the_lists_keep_their_invariant() -> None:
-    for kind, allowable in fields.ALLOWABLE.items():
-        assert not allowable & fields.NEVER, kind
+    never = fields.NEVER | set(fields.REFUSED)
+    for kind, paths in kinds.FORWARD.items():
+        for path, names in paths.items():
+            assert not names & never, (kind, path)
+            assert not names & kinds.held(kind), (kind, path)
+    for kind, names in kinds.HELD.items():
+        assert not names & never, kind
     for path, names in fields.OPENAI.items():
-        assert not names & fields.NEVER, path
-    assert prune(CHAT, {"model": "m", "cache_salt": "x"}, frozenset({"cache_salt"})) == [
-        "cache_salt"
-    ]
+        assert not names & never, path
+    pruned = prune(CHAT, {"model": "m", "cache_salt": "x"}, "vllm", frozenset({"cache_salt"}))
+    assert (pruned.stripped, pruned.refused) == (["cache_salt"], [])
 
 
 def test_docs_list_every_field_the_code_knows() -> None:
     text = (Path(__file__).parents[3] / "docs" / "policy.md").read_text()
     section = text[text.index("## The body allowlist") : text.index("## `tenants[]`")]
     listed = set(re.findall(r"`([a-z_.]+)`", section))
-    known = set().union(*fields.OPENAI.values(), *fields.ALLOWABLE.values(), fields.NEVER)
-    assert known - listed == set()
-    for kind, allowable in fields.ALLOWABLE.items():
-        row = next(line for line in section.splitlines() if line.startswith(f"| `{kind}` |"))
-        assert set(re.findall(r"`([a-z_.]+)`", row)) - {kind} == set(allowable), kind
+    assert (
+        kinds.KNOWN - {n for n in kinds.KNOWN if n.startswith(("messages.", "input."))} - listed
+        == set()
+    )
+    for kind, paths in kinds.FORWARD.items():
+        rows = [line for line in section.splitlines() if line.startswith(f"| `{kind}` ")]
+        assert rows, kind
+        named = set().union(*(set(re.findall(r"`([a-z_.]+)`", row)) for row in rows)) - {kind}
+        assert named == set().union(*paths.values(), kinds.held(kind)), kind
 
 
-async def test_unknown_fields_reject_answers_400_and_sends_nothing(
+async def test_scoping_fields_are_stripped_or_refused_as_client_inputs_says(
     upstream: FakeUpstream,
 ) -> None:
-    text = policy_text(upstream.url).replace("client_inputs: strip", "client_inputs: strip\n"
-                                             "  unknown_fields: reject")  # fmt: skip
+    text = policy_text(upstream.url).replace("client_inputs: strip", "client_inputs: reject")
     gw, runner = await gateway_for(upstream, text)
     try:
         status, body = await send(gw, CHAT, chat_body(kv_transfer_params={"x": 1}))
-        assert (status, body["error"]["code"]) == (400, "unknown_field")
-        assert "kv_transfer_params" in body["error"]["message"]
+        assert (status, body["error"]["code"]) == (400, "cache_scoping_input_rejected")
+        assert body["error"]["param"] == "kv_transfer_params"
         status, body = await send(gw, CHAT, chat_body())  # the content-part uuid alone
-        assert (status, body["error"]["code"]) == (400, "unknown_field")
+        assert (status, body["error"]["param"]) == (400, "messages.uuid")
         assert upstream.received == []
         plain = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
         assert (await send(gw, CHAT, plain))[0] == 200
@@ -203,6 +280,14 @@ async def test_unknown_fields_reject_answers_400_and_sends_nothing(
     finally:
         await gw.session.close()
         await runner.cleanup()
+
+
+async def test_scoping_fields_are_stripped_and_counted_by_default(vllm: Gateway) -> None:
+    status, _ = await send(vllm, CHAT, chat_body(kv_transfer_params={"x": 1}))
+    assert status == 200
+    assert "kv_transfer_params" not in vllm.upstream.received[-1].json
+    metrics = await vllm.metrics()
+    assert 'field="kv_transfer_params"' in metrics and 'action="strip"' in metrics
 
 
 BIG = [

@@ -26,6 +26,8 @@ BODY_CASES: list[dict[str, Any]] = [
     {"cache-salt": "evil", "cache_salt": "evil2"},
     {"extra_key": "evil"},
     {"Extra-Key": "evil"},
+]
+NVEXT_CASES: list[dict[str, Any]] = [
     {"nvext": {"cache_salt": "evil", "keep": 1}},
     {"NVEXT": {"Cache_Salt": "evil"}},
 ]
@@ -40,8 +42,20 @@ async def test_body_fields_are_stripped(gw: Gateway, fields: dict[str, Any]) -> 
     assert salts == ["cache_salt"]
     assert sent["cache_salt"] == await expected_salt(gw, "acme")
     assert b"evil" not in gw.upstream.received[-1].body
-    # nvext is Dynamo's, not vLLM's: the allowlist drops what scrubbing left of it
     assert not {k.lower() for k in sent} & {"nvext", "cache-salt", "extra-key"}
+
+
+@pytest.mark.parametrize("fields", NVEXT_CASES)
+async def test_a_scoping_field_inside_another_kinds_object_is_stripped_then_refused(
+    gw: Gateway, fields: dict[str, Any]
+) -> None:
+    # nvext is Dynamo's, not vLLM's: scrubbing takes the salt out, and what is left of the
+    # object is a field the gateway does not know for vLLM, refused with its name
+    resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG, **fields})
+    assert resp.status == 400
+    error = (await resp.json())["error"]
+    assert (error["code"], error["param"]) == ("unknown_field", next(iter(fields)))
+    assert gw.upstream.received == []
 
 
 async def test_duplicate_json_keys_reach_upstream_once(gw: Gateway) -> None:

@@ -34,8 +34,9 @@ async def open_stack(
     share one event loop on a busy host (the kit's 1 s would turn a slow turn into a 504)."""
     text = with_receipts(policy_text(upstream.url), keys)
     if patient:
-        slow = "timeouts: {connect_s: 2, first_byte_s: 60, idle_s: 60}"
-        text = text.replace("timeouts: {connect_s: 2, first_byte_s: 1, idle_s: 1}", slow, 1)
+        slow = "timeouts: {connect_s: 2, first_byte_s: 60, idle_s: 60, total_s: 60}"
+        kit = "timeouts: {connect_s: 2, first_byte_s: 1, idle_s: 1, total_s: 1}"
+        text = text.replace(kit, slow, 1)
         assert slow in text
     text = text.replace("scope: session,\n", "scope: session, receipts: false,\n", 1)
     policy = parse_policy(text, str(keys.folder / "policy.yaml"), env=ENV, base=keys.folder)

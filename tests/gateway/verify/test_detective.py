@@ -13,12 +13,16 @@ import pytest
 
 from gateway.inputs.paths import CHAT, COMPLETIONS, RESPONSES
 from gateway.policy.backend_model import DetectiveSettings
+from gateway.policy.load import parse_policy
 from gateway.verify import fingerprints as fp
 from gateway.verify.detective import ATTRIBUTED, NOBODY, NOT_BLOCKS, OWN, UNTRUSTED, Detective
 from gateway.verify.history import Recorder
+from gateway.verify.service import VERIFY
 from gateway.verify.store import FingerprintStore
 from gateway.verify.tokens import ChatTokenizer
 from kvfence.verdict import Verdict
+from tests.fakes.openai_upstream import FakeUpstream
+from tests.kit.gateway import ENV, policy_text, run_gateway
 from tests.kit.vllm_server import MODEL_DIR
 
 BOUND = DetectiveSettings(block_size=16)
@@ -272,3 +276,19 @@ def test_an_earlier_releases_history_file_is_started_over(tmp_path: Path) -> Non
     store = FingerprintStore(old, 1 << 12, 1 << 10)
     assert store.regions == 4 and store.record_now(Recorder(1, 2), [3], 4, 5.0) == [False]
     store.close()
+
+
+async def test_the_tokenizer_is_loaded_when_the_gateway_starts(upstream: FakeUpstream) -> None:
+    need_tokenizer()
+    exact = f"verify: {{canary: false, detective: {{tokenizer: '{MODEL_DIR}'}}}}"
+    text = policy_text(upstream.url).replace("verify: {canary: false}", exact)
+    gw, runner = await run_gateway(parse_policy(text, "t.yaml", env=ENV), upstream)
+    try:
+        assert MODEL_DIR in gw.app[VERIFY].detective._tokenizers  # before any request
+        resp = await gw.chat(
+            "acme", {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert resp.status == 200
+    finally:
+        await gw.session.close()
+        await runner.cleanup()

@@ -32,7 +32,8 @@ async def test_a_tenant_cannot_quarantine_a_healthy_backend(tmp_path: Path) -> N
             ]  # fmt: skip
             for tenant in ("acme", "globex"):  # B re-sends everything A sent
                 for path, body in bodies:
-                    body = {"model": "smollm2", "max_tokens": 2, **body}
+                    limit = "max_output_tokens" if path == "/v1/responses" else "max_tokens"
+                    body = {"model": "smollm2", limit: 2, **body}
                     status, verdict, _, _ = await read(await gw.post(tenant, path, body))
                     assert status == 200, (path, verdict)
                     verdicts[verdict] = verdicts.get(verdict, 0) + 1
