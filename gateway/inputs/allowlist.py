@@ -140,6 +140,11 @@ def _why(name: str, kind: str) -> str:
             f"body field {shown!r} reaches past this request; a policy forwards it to a {kind} "
             f"backend by listing it in backends[].extra_fields"
         )
+    if kind in kinds.CLOSED:  # its whole vocabulary is known: nothing more can be allowed
+        return (
+            f"body field {shown!r} is not one {kind} backends take (docs/api.md lists them; "
+            "gateway.unknown_fields: drop drops unknown fields instead)"
+        )
     return (
         f"body field {shown!r} is not one the gateway knows for {kind} backends; a policy "
         "forwards it by listing it in backends[].extra_fields (or drops unknown fields with "
