@@ -10,6 +10,7 @@ goes on over the next comment lines. The commands are kept exactly as written.
 from __future__ import annotations
 
 import argparse
+import base64
 import concurrent.futures
 import json
 import re
@@ -34,7 +35,8 @@ TEXT = (
     "holiday traffic peak, and who owns the alerting rules after the reorganisation."
 )
 BURST, CONCURRENT = 12, 8  # the fleet policy's tenant limit: `concurrent: 8`
-# The fleet file as its header runs it, from the stack's root; its two gateways.
+# Each file as its header runs it, from the stack's root; the fleet's two gateways.
+SINGLE = ["docker", "compose"]
 FLEET = ["docker", "compose", "--env-file", ".env", "-f", "deploy/compose.fleet.yml"]
 GATEWAYS = ("gateway-a", "gateway-b")
 SETTLE_S = 120  # Redis back and both gateways ready again; a revocation seen by both
@@ -279,33 +281,47 @@ def check_shared_limit(url: str, key: str) -> int:
 
 
 # Asks one gateway directly, from inside its container (only the load balancer publishes a port):
-# the status of GET /v1/models with the key read from stdin, never from the command line.
-_MODELS_IN_GATEWAY = """\
-import sys, urllib.error, urllib.request
-key = sys.stdin.read().strip()
-request = urllib.request.Request("http://127.0.0.1:8080/v1/models",
-                                 headers={"Authorization": "Bearer " + key})
+# the request (key, path, JSON body or null) read from stdin, the key never on a command line;
+# prints the status, the receipt id and the body's exact bytes (base64).
+_REQUEST_IN_GATEWAY = """\
+import base64, json, sys, urllib.error, urllib.request
+ask = json.loads(sys.stdin.read())
+headers = {"Authorization": "Bearer " + ask["key"]}
+data = None
+if ask["body"] is not None:
+    data, headers["Content-Type"] = json.dumps(ask["body"]).encode(), "application/json"
+request = urllib.request.Request("http://127.0.0.1:8080" + ask["path"], data, headers)
 try:
-    with urllib.request.urlopen(request, timeout=30) as resp:
-        print(resp.status)
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        status, got, raw = resp.status, resp.headers, resp.read()
 except urllib.error.HTTPError as exc:
-    print(exc.code)
+    status, got, raw = exc.code, exc.headers, exc.read()
+print(json.dumps({"status": status, "receipt_id": got.get("x-kvfence-receipt-id"),
+                  "body": base64.b64encode(raw).decode()}))
 """
 
 
-def _compose(*args: str, stdin: str = "") -> str:
+def _compose(*args: str, stdin: str = "", stack: list[str] = FLEET) -> str:
     # A fixed argument list; docker from PATH, as the person or CI running the check has it.
     done = subprocess.run(  # noqa: S603
-        [*FLEET, *args], input=stdin, capture_output=True, text=True, timeout=TIMEOUT_S
+        [*stack, *args], input=stdin, capture_output=True, text=True, timeout=TIMEOUT_S
     )
     if done.returncode != 0:
         raise CheckFailed(f"`{shlex.join(['docker compose', *args])}`: {done.stderr.strip()}")
     return done.stdout.strip()
 
 
+def _at(service: str, key: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One request to `service`'s own listener: {status, receipt_id, raw (the body's bytes)}."""
+    ask = json.dumps({"key": key, "path": path, "body": body})
+    out = _compose("exec", "-T", service, "python", "-c", _REQUEST_IN_GATEWAY, stdin=ask)
+    got: dict[str, Any] = json.loads(out.splitlines()[-1])
+    got["raw"] = base64.b64decode(got.pop("body"))
+    return got
+
+
 def _status_at(service: str, key: str) -> int:
-    out = _compose("exec", "-T", service, "python", "-c", _MODELS_IN_GATEWAY, stdin=key)
-    return int(out.splitlines()[-1]) if out else 0
+    return int(_at(service, key, "/v1/models")["status"])
 
 
 def _started_at(container: str) -> str:
@@ -333,12 +349,15 @@ def _keys_answer(keys: dict[str, tuple[str, int]], when: str) -> None:
             )
 
 
-def _ready(admins: list[str], token: str) -> bool:
+def _ready(admins: list[str], token: str, fleet: bool = True) -> bool:
     for admin in admins:
-        status, _, body = _call(admin + "/status", token)
+        try:
+            status, _, body = _call(admin + "/status", token)
+        except (urllib.error.URLError, OSError):
+            return False  # restarting: not listening yet
         if status != 200 or body.get("ready") is not True:
             return False
-        if (body.get("shared") or {}).get("up") is not True:
+        if fleet and (body.get("shared") or {}).get("up") is not True:
             return False
     return True
 
@@ -368,6 +387,87 @@ def check_redis_restart(url: str, state: Path, admins: list[str], token: str) ->
     return 1
 
 
+def _receipt(url: str, key: str, receipt_id: str, what: str = "") -> tuple[int, dict[str, Any]]:
+    status, _, body = _call(f"{url}/v1/kvfence/receipts/{receipt_id}{what}", key)
+    return status, body
+
+
+def check_receipts(url: str, keys: dict[str, str], admin: str, token: str) -> int:
+    """An answer names its receipt; its tenant fetches it and its proof, the other tenant gets
+    the 404 of an unknown id; after the gateway restarts, the receipt is still served (the
+    control database is on a volume). Returns the answers it caused (audit records)."""
+    status, headers, body = _chat(url, keys["acme"], f"A receipt, please. {uuid.uuid4().hex}")
+    receipt_id = headers.get("x-kvfence-receipt-id", "")
+    _expect(status == 200 and receipt_id.startswith("rcpt_"), f"acme's answer: {receipt_id}")
+    status, body = _receipt(url, keys["acme"], receipt_id)
+    _expect(
+        status == 200 and body.get("receipt_id") == receipt_id,
+        f"acme fetches {receipt_id}: {status}",
+    )
+    status, proof = _receipt(url, keys["acme"], receipt_id, "/proof")
+    _expect(
+        status == 200 and proof.get("text", "").startswith("c2sp.org/tlog-proof@v1\n"),
+        f"acme fetches its proof: {status}",
+    )
+    status, body = _receipt(url, keys["globex"], receipt_id)
+    code = body.get("error", {}).get("code")
+    _expect(status == 404, f"globex asks for acme's receipt: {status} {code}")
+    gateway = _compose("ps", "-q", "gateway", stack=SINGLE)
+    before = _started_at(gateway)
+    _compose("restart", "gateway", stack=SINGLE)
+    _expect(_started_at(gateway) != before, "the gateway restarted")
+    _until("the gateway ready again", lambda: _ready([admin], token, fleet=False))
+    status, body = _receipt(url, keys["acme"], receipt_id)
+    _expect(
+        status == 200 and body.get("receipt_id") == receipt_id,
+        f"after the restart, acme fetches {receipt_id}: {status}",
+    )
+    return 1
+
+
+def check_receipts_across(state: Path, key: str) -> int:
+    """A receipt issued through gateway-a is served, with its proof, by gateway-b (both keep
+    receipts in PostgreSQL), and verifies offline against the log key's fingerprint with the
+    answer's exact bytes. Returns the answers it caused (audit records)."""
+    issuing, other = GATEWAYS
+    content = f"Which replica answered? {uuid.uuid4().hex}"
+    body = {"model": "smollm2", "max_tokens": 4,
+            "messages": [{"role": "user", "content": content}]}  # fmt: skip
+    answer = _at(issuing, key, "/v1/chat/completions", body)
+    receipt_id = answer["receipt_id"] or ""
+    _expect(
+        answer["status"] == 200 and receipt_id.startswith("rcpt_"),
+        f"acme's answer through {issuing}: {receipt_id}",
+    )
+    receipt = _at(other, key, f"/v1/kvfence/receipts/{receipt_id}")
+    _expect(
+        receipt["status"] == 200 and json.loads(receipt["raw"])["receipt_id"] == receipt_id,
+        f"{other} serves {issuing}'s receipt: {receipt['status']}",
+    )
+    proof = _at(other, key, f"/v1/kvfence/receipts/{receipt_id}/proof")
+    _expect(proof["status"] == 200, f"{other} serves its proof: {proof['status']}")
+    keyset = _at(other, key, "/v1/kvfence/keys")
+    folder = state / "fleet-receipt"
+    folder.mkdir(exist_ok=True)
+    files = {"receipt.json": receipt, "receipt.tlog-proof": proof, "response.json": answer,
+             "keyset.json": keyset}  # fmt: skip
+    for name, got in files.items():
+        (folder / name).write_bytes(got["raw"])
+    # docker-compose.yml's `kvfence` service: it sees .kvfence/compose/ as its working directory.
+    tool = ["run", "--rm", "-T", "kvfence"]
+    fingerprint = _compose(*tool, "keys", "fingerprint", "fleet-receipt/keyset.json", stack=SINGLE)
+    verified = _compose(
+        *tool, "receipt", "verify", "fleet-receipt/receipt.json", "--proof",
+        "fleet-receipt/receipt.tlog-proof", "--response", "fleet-receipt/response.json",
+        "--fingerprint", fingerprint, stack=SINGLE,
+    )  # fmt: skip
+    _expect(
+        f"receipt {receipt_id}: verified;" in verified,
+        f"{issuing}'s receipt, from {other}, verified against {fingerprint[:23]}...",
+    )
+    return 1
+
+
 def probe(args: argparse.Namespace) -> int:
     state = Path(args.state)
     keys = {t: (state / "keys" / t).read_text().strip() for t in ("acme", "globex")}
@@ -378,7 +478,10 @@ def probe(args: argparse.Namespace) -> int:
     for admin in args.admin:
         check_admin(admin, token, args.fleet)
     if args.fleet:
+        answered += check_receipts_across(state, keys["acme"])
         answered += check_redis_restart(args.url, state, args.admin, token)
+    else:
+        answered += check_receipts(args.url, keys, args.admin[0], token)
     Path(args.answered).write_text(f"{answered}\n")
     return 0
 

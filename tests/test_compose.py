@@ -255,6 +255,23 @@ def test_policy_reads_files_the_gateway_mounts() -> None:
     assert Path(audit["anchor"]).parent != Path(audit["path"]).parent
 
 
+def test_receipts_are_on_signed_with_mounted_keys_and_kept_on_a_volume() -> None:
+    """Checkpoints and receipts sign with their own secrets, and the control database that
+    keeps the receipts lies in a folder of .kvfence/compose/, not the temp dir a gateway
+    without `state_dir` uses (lost at every restart)."""
+    gateway = yaml.safe_load(POLICY_FILE.read_text())["gateway"]
+    [key] = gateway["receipts"]["keys"]
+    assert key["active"] is True
+    signers = {gateway["audit_log"]["checkpoints"]["key"]["file"], key["private_key"]["file"]}
+    service = SERVICES["gateway"]
+    mounted = {_secret_mounts(service)[f] for f in signers}
+    files = {COMPOSE["secrets"][name]["file"] for name in mounted}
+    assert files == {"./.kvfence/compose/log.key", "./.kvfence/compose/receipt-r1.key"}
+    state = gateway["state_dir"]
+    assert _volumes(service)[state].startswith("./.kvfence/compose/")
+    assert state not in service.get("tmpfs", []) and not state.startswith("/tmp")
+
+
 def test_policy_backends_match_the_services_they_name() -> None:
     policy = yaml.safe_load(POLICY_FILE.read_text())
     by_kind = {b["kind"]: b for b in policy["backends"]}

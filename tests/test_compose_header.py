@@ -64,11 +64,23 @@ def _words(command: str) -> list[str]:
     return shlex.split(command.replace("\\\n", " "))
 
 
+# The `kvfence` service run as a command, or inside `$(...)` (-T: its output is read).
+TOOL_RUN = re.compile(rf"docker compose run --rm (?:-T )?{TOOLS} ")
+
+
 def _kvfence_runs(commands: list[str]) -> list[list[str]]:
-    """The ARGS of every `docker compose run --rm kvfence ARGS`."""
-    runs = [_words(c) for c in commands if c.startswith("docker compose run")]
-    assert all(w[:5] == ["docker", "compose", "run", "--rm", TOOLS] for w in runs), runs
-    return [w[5:] for w in runs]
+    """The ARGS of every `docker compose run --rm [-T] kvfence ARGS`, also inside `$(...)`."""
+    runs = []
+    for command in commands:
+        if "docker compose run" not in command:
+            continue
+        assert command.startswith("docker compose run") or re.match(
+            r"^\w+=\$\(docker compose run", command
+        ), command
+        words = _words(command.split("$(", 1)[-1].removesuffix(")"))
+        assert TOOL_RUN.match(" ".join(words[:6]) + " "), command
+        runs.append(words[words.index(TOOLS) + 1 :])
+    return runs
 
 
 def test_the_extraction_keeps_each_command_as_written(tmp_path: Path) -> None:
@@ -154,13 +166,15 @@ def _local(command: str, root: Path) -> str:
     """A header command as this machine runs it without Docker: `docker compose run --rm
     kvfence ARGS` is `kvfence ARGS` in the folder the service mounts as its working directory;
     anything else runs as written."""
-    if not command.startswith("docker compose run"):
+    if not TOOL_RUN.search(command):
         return command
-    [args] = _kvfence_runs([command])
     tools = SERVICES[TOOLS]
     folder = root / _volumes(tools)[tools["working_dir"]]
     kvfence = f"{shlex.quote(sys.executable)} -m kvfence.cli"
-    return f"(cd {shlex.quote(str(folder))} && {kvfence} {shlex.join(args)})"
+    local = TOOL_RUN.sub(lambda _: f"cd {shlex.quote(str(folder))} && {kvfence} ", command)
+    # Inside `$(...)` it is a subshell already; as a command of its own it must not move the
+    # header's working directory.
+    return f"({local})" if command.startswith("docker compose run") else local
 
 
 def _run(commands: list[str], root: Path, path: str = "") -> str:
@@ -196,7 +210,7 @@ def _host_policy(root: Path) -> Path:
         text = text.replace(mount + "}", f"{root / COMPOSE['secrets'][name]['file']}}}")
     for target, source in _volumes(gateway).items():
         if target.startswith("/var/lib/kvfence/") or target == "/etc/kvfence/tenants":
-            text = text.replace(target + "/", f"{root / source}/")
+            text = re.sub(rf"{re.escape(target)}(?=/|$)", str(root / source), text, flags=re.M)
     unmounted = [f for f in _secret_refs(yaml.safe_load(text), "file") if f.startswith("/run")]
     assert unmounted == [], "the policy names a secret compose does not declare"
     local = root / "policy.yaml"
@@ -228,6 +242,11 @@ def test_documented_setup_runs_as_written_and_the_gateway_accepts_its_keys(
     assert policy.gateway.handle_key.id in gateway_trust, "the backend would refuse every handle"
     assert {b.kind for b in policy.backends} == {"kvfence", "vllm"}
     assert policy.gateway.audit_log is not None and policy.gateway.admin.token is not None
+    # Receipts on, signed with the keys the header made, kept where the header made a folder.
+    assert policy.gateway.receipts is not None and policy.gateway.receipts.active.id == "r1"
+    assert policy.gateway.audit_log.checkpoints is not None
+    assert policy.gateway.state_dir == tmp_path / ".kvfence" / "compose" / "state"
+    assert policy.gateway.state_dir.is_dir()
     # The key files the header reads back into $ACME_KEY and $GLOBEX_KEY are the tenants' keys.
     runtime = importlib.import_module("gateway.policy.runtime").Runtime(policy)
     keys = {}
@@ -276,8 +295,78 @@ async def test_documented_audit_verify_checks_both_workers_chains(tmp_path: Path
     assert "ok: 2 of 2 chains intact; verdicts: clean 2" in out
 
 
+def _receipt_commands() -> list[str]:
+    """The single header's commands from publishing the trust root to a tenant's verify."""
+    commands = HEADERS["single"]
+    first = next(i for i, c in enumerate(commands) if "/v1/kvfence/keys" in c)
+    last = next(i for i, c in enumerate(commands) if "receipt verify" in c)
+    return commands[first : last + 1]
+
+
+def test_a_tenant_verifies_an_answers_receipt_against_the_pinned_fingerprint() -> None:
+    """The tenant's three commands: the receipt and its proof fetched with its own key, for the
+    id its answer carried, then verified against the fingerprint the operator published (never
+    the key set the gateway serves now), with the answer's exact bytes."""
+    commands = _receipt_commands()
+    fetched = {}
+    for command in commands:
+        words = _words(command)
+        if words[0] == "curl" and any("/v1/kvfence/receipts/" in w for w in words):
+            [url] = [w for w in words if "/v1/kvfence/receipts/" in w]
+            assert "Bearer $ACME_KEY" in command and "--fail-with-body" in words
+            fetched[url.rsplit("/v1/kvfence/receipts/", 1)[1]] = Path(words[-1]).name
+    assert fetched == {"$ID": "receipt.json", "$ID/proof": "receipt.tlog-proof"}
+    [answer] = [c for c in commands if "/v1/chat/completions" in c]
+    assert "Bearer $ACME_KEY" in answer and "-o .kvfence/compose/response.json" in answer
+    [verify] = [a for a in _kvfence_runs(commands) if a[:2] == ["receipt", "verify"]]
+    args = _parse_kvfence_args(verify)
+    assert (str(args.receipt), str(args.proof), str(args.response)) == (
+        "receipt.json", "receipt.tlog-proof", "response.json"
+    )  # fmt: skip
+    assert args.fingerprint == "$FINGERPRINT" and args.keys is None and args.log_key is None
+    [pin] = [c for c in commands if c.startswith("FINGERPRINT=")]
+    assert _kvfence_runs([pin]) == [["keys", "fingerprint", "keyset.json"]]
+
+
+def test_the_header_reads_the_receipt_id_and_publishes_the_log_keys_fingerprint(
+    tmp_path: Path,
+) -> None:
+    """Run offline: the fingerprint command on the key set this policy serves prints the log
+    key's fingerprint, and the id is read from the answer's headers as HTTP sends them."""
+    _run(_setup(), tmp_path)
+    policy = importlib.import_module("gateway.policy.load").load_policy(_host_policy(tmp_path))
+    keys = importlib.import_module("gateway.receipts.keys").ReceiptKeys.of(
+        policy.gateway.receipts, policy.gateway.audit_log
+    )
+    state = tmp_path / ".kvfence" / "compose"
+    (state / "keyset.json").write_bytes(keys.document)  # what GET /v1/kvfence/keys answers
+    (state / "answer.headers").write_bytes(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        b"X-Kvfence-Receipt-Id: rcpt_1a2b3_00ff\r\nx-kvfence-verdict: clean\r\n\r\n"
+    )
+    commands = _receipt_commands()
+    steps = [c for c in commands if c.startswith(("FINGERPRINT=", "ID="))]
+    out = _run([*steps, 'printf "%s|%s" "$FINGERPRINT" "$ID"'], tmp_path)
+    fingerprint = importlib.import_module("kvfence.receipt").fingerprint(keys.keyset.log)
+    assert out == f"{fingerprint}|rcpt_1a2b3_00ff"
+
+
 def _fleet_gateways() -> dict[str, dict[str, Any]]:
     return {n: s for n, s in FLEET["services"].items() if s.get("command", [""])[0] == "gateway"}
+
+
+def test_the_header_makes_every_folder_the_gateway_writes_for_the_containers_user() -> None:
+    """The audit log, its anchor and the state folder (the control database) are made by the
+    setup and given to the containers' user with the rest of .kvfence/compose/."""
+    [mkdir] = [c for c in _setup() if c.startswith("mkdir -p")]
+    made = set(_words(mkdir)[2:])
+    written = {
+        os.path.normpath(v.split(":")[0])
+        for v in SERVICES["gateway"]["volumes"]
+        if not v.endswith(":ro")
+    }
+    assert ".kvfence/compose/state" in written and written <= made
+    assert 'chown -R "$u:$g" .kvfence/compose' in _setup()
 
 
 def test_fleet_header_makes_every_folder_a_gateway_writes_for_the_containers_user() -> None:

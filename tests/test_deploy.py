@@ -144,11 +144,44 @@ def test_the_configmap_policy_names_the_postgres_service_and_a_mounted_password(
     assert policy["registry"] is True
 
 
+def test_the_k8s_secret_holds_the_log_and_receipt_keys_the_policy_reads() -> None:
+    """Every replica signs checkpoints and receipts with the same keys: the kvfence-gateway
+    Secret's, where the gateways mount it."""
+    gateway = yaml.safe_load(named("ConfigMap", "kvfence-policy")["data"]["policy.yaml"])["gateway"]
+    [key] = gateway["receipts"]["keys"]
+    assert key["active"] is True
+    [container] = named("Deployment", "kvfence-gateway")["spec"]["template"]["spec"]["containers"]
+    [secrets] = [m for m in container["volumeMounts"] if m["name"] == "secrets"]
+    files = {gateway["audit_log"]["checkpoints"]["key"]["file"], key["private_key"]["file"]}
+    assert {str(Path(f).parent) for f in files} == {secrets["mountPath"]}
+    assert {Path(f).name for f in files} == {"log.key", "receipt-r1.key"}
+    assert {Path(f).name for f in files} <= set(named("Secret", "kvfence-gateway")["stringData"])
+
+
+def test_both_compose_gateways_sign_with_the_keys_docker_compose_yml_makes() -> None:
+    """The fleet mounts the log and receipt keys made by docker-compose.yml's setup into both
+    gateways, where policies/fleet.yaml reads them."""
+    fleet = yaml.safe_load(COMPOSE.read_text())
+    single = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["secrets"]
+    gateway = yaml.safe_load((ROOT / "policies" / "fleet.yaml").read_text())["gateway"]
+    [key] = gateway["receipts"]["keys"]
+    for path in (gateway["audit_log"]["checkpoints"]["key"]["file"], key["private_key"]["file"]):
+        name = Path(path).name
+        assert path == f"/run/secrets/{name}"
+        for service in ("gateway-a", "gateway-b"):
+            assert name in fleet["services"][service]["secrets"]
+        made = Path(single[name]["file"]).as_posix().removeprefix("./")
+        assert Path(fleet["secrets"][name]["file"]).as_posix() == f"../{made}"
+
+
 def _rebased(text: str, tmp_path: Path) -> Path:
     """The policy with every secret file replaced by a local one (keys that load)."""
+    from kvfence.keyfile import generate_key, write_private_key
     from tests.kit.stack import make_keys
 
     keys = make_keys(tmp_path)
+    for name in ("log.key", "receipt.key"):
+        write_private_key(keys.folder / name, generate_key())
     files = {
         "namespace_key": keys.folder / "ns.key",
         "api_key_pepper": keys.folder / "pepper",
@@ -160,6 +193,10 @@ def _rebased(text: str, tmp_path: Path) -> Path:
         "backend_trust": keys.folder / "gateway-trust.json",
         "redis_password": keys.folder / "audit.key",
         "postgres_password": keys.folder / "audit.key",
+        "log.key": keys.folder / "log.key",
+        "log_key": keys.folder / "log.key",
+        "receipt-r1.key": keys.folder / "receipt.key",
+        "receipt_key_r1": keys.folder / "receipt.key",
     }
     for prefix in ("/etc/kvfence/secrets/", "/run/secrets/"):
         for name, path in files.items():
@@ -186,6 +223,10 @@ def _check_fleet(policy: Policy, urls: set[str], postgres: str) -> None:
     assert control.database == "postgresql" and control.password is not None
     assert urlsplit(control.url).hostname == postgres
     assert policy.registry is not None, "the fleet's registry lives in the database"
+    # Receipts on, in the same database: any replica serves any receipt.
+    audit = policy.gateway.audit_log
+    assert audit is not None and audit.checkpoints is not None
+    assert policy.gateway.receipts is not None and policy.gateway.receipts.active.id == "r1"
 
 
 def test_the_configmap_policy_loads_and_names_the_services(tmp_path: Path) -> None:
