@@ -25,6 +25,7 @@ from gateway.policy.load import parse_policy
 from gateway.server import bound_port, start
 from gateway.verify.service import VERIFY
 from kvfence.apikey import key_digest, mint_key
+from scripts.sidecar_setup import ensure_receipt_keys
 from scripts.sidecar_setup import policy as sidecar_policy
 from tests.kit.polling import until
 from tests.kit.vllm_server import SERVED_MODEL
@@ -71,6 +72,7 @@ def _sidecar_policy_text(vllm_url: str, folder: Path) -> str:
         (folder / "secrets").mkdir(exist_ok=True, mode=0o700)
         (folder / "secrets" / name).write_text(value)
         (folder / "secrets" / name).chmod(0o600)
+    ensure_receipt_keys(folder / "secrets")  # the sidecar turns receipts on
     for sub in ("state", "audit", "anchor"):
         (folder / sub).mkdir(exist_ok=True, mode=0o700)
     text = sidecar_policy(vllm_url, SERVED_MODEL, 0, 0, 128)
