@@ -20,10 +20,14 @@ def attend(
     batch: int,
     span: int,
     mask: torch.Tensor | None,
+    row_multiple: int = 1,
 ) -> torch.Tensor:
     """q: [n, Hkv, G, D] (n <= batch * span), k, v: [batch or 1, Hkv, L, D] -> [n, Hkv * G * D].
 
-    The G query heads sharing a KV head ride along the query axis: no K/V copies per head."""
+    The G query heads sharing a KV head ride along the query axis: no K/V copies per head. Each
+    KV head's G * S query rows are padded with zero rows to a multiple of `row_multiple`: the
+    CPU kernel gives every thread scratch sized by that row count, and where its matrix
+    products round by the scratch's alignment a query's bits follow the thread it lands on."""
     n, hkv, grp, d = q.shape
     b, s = batch, span
     if n < b * s:  # the last tile's padding: its rows are computed and dropped
@@ -32,12 +36,20 @@ def attend(
     if s > 1:
         qg = qg.permute(0, 2, 3, 1, 4)
     qg = qg.reshape(b, hkv, grp * s, d)
+    rows = grp * s
+    extra = -rows % row_multiple
+    if extra:  # padding rows attend like the last row: never a row with nothing to attend
+        qg = torch.cat((qg, qg.new_zeros(b, hkv, extra, d)), dim=2)
+        if mask is not None and mask.shape[2] > 1:
+            mask = torch.cat((mask, mask[:, :, -1:].expand(-1, -1, extra, -1)), dim=2)
     if k.shape[0] < b:  # one context shared by every tile: a broadcast, not a copy
         k, v = k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)
-    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)  # [B, Hkv, G*S, D]
+    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)  # [B, Hkv, G*S + extra, D]
+    if extra:
+        o = o[:, :, :rows]
     if s == 1:
         return o.reshape(b, hkv * grp * d)
-    return o.view(b, hkv, grp, s, d).permute(0, 3, 1, 2, 4).reshape(b * s, hkv * grp * d)[:n]
+    return o.reshape(b, hkv, grp, s, d).permute(0, 3, 1, 2, 4).reshape(b * s, hkv * grp * d)[:n]
 
 
 def decode_mask(ends: torch.Tensor, span: int) -> torch.Tensor:

@@ -4,8 +4,9 @@ a query must get the bits it gets as a lone decode, whatever its chunk and batch
 Invariant: the plan admits only what the probe saw: decodes (one query token per batch element)
 keep their bits at any batch size; with `own_spans` False they also keep them over any padded
 context span, else every query attends over its own span (its position's block end) only; prompt
-queries, in tiles of `tile_tokens` tokens sharing a context, get those same bits. Where decodes
-do not keep them even so, `invariant` is False and the start-up log says so.
+queries, in tiles of `tile_tokens` tokens sharing a context, get those same bits; every call pads
+each KV head's query rows to a multiple of `row_multiple`, the smallest the probe saw hold. Where
+decodes do not keep them even so, `invariant` is False and the start-up log says so.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from backend.model.config import ModelConfig
 _TILE_ROWS = 32
 # The probe's context: past 512 positions the kernel splits the keys into blocks.
 _CONTEXT = 640
+# Query rows per KV head are padded to a multiple of one of these, the smallest that holds: the
+# kernel sizes each thread's scratch by the row count, and on hosts whose matrix products round
+# by alignment (MKL on AVX2: 16 bytes) a query's bits follow the thread it lands on.
+_ROW_MULTIPLES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +34,15 @@ class AttentionPlan:
     tile_tokens: int
     own_spans: bool  # each query attends over its own block-rounded span, never a padded one
     invariant: bool
+    row_multiple: int = 1  # each KV head's query rows padded to a multiple of this
 
     def describe(self) -> str:
         spans = "own spans" if self.own_spans else "padded spans"
+        rows = f", query rows padded to {self.row_multiple}s" if self.row_multiple > 1 else ""
         held = "holds" if self.invariant else "does NOT hold"
-        return f"attention: prompt tiles of {self.tile_tokens}, {spans}; batch invariance {held}"
+        return (
+            f"attention: prompt tiles of {self.tile_tokens}, {spans}{rows}; batch invariance {held}"
+        )
 
 
 def plan_attention(
@@ -41,14 +50,24 @@ def plan_attention(
 ) -> AttentionPlan:
     span = -(-_CONTEXT // block_size) * block_size
     q, k, v = _cancelling(span, config, block_size, dtype, device)
-    probe = _Probe(q, k, v, block_size)
-    if not probe.batches_keep_bits():
-        return AttentionPlan(1, True, False)
-    own = not probe.padded_spans_keep_bits()
     tile = max(1, _TILE_ROWS // config.group)
-    if tile > 1 and not probe.tiles_keep_bits(config.group, tile, own):
+    best = AttentionPlan(1, True, False)
+    for multiple in _ROW_MULTIPLES:  # padding costs compute: the smallest that holds wins
+        plan = _plan(_Probe(q, k, v, block_size, multiple), config.group, tile)
+        if (plan.invariant, plan.tile_tokens) > (best.invariant, best.tile_tokens):
+            best = plan
+        if best.invariant and best.tile_tokens == tile:
+            break
+    return best
+
+
+def _plan(probe: _Probe, group: int, tile: int) -> AttentionPlan:
+    if not probe.batches_keep_bits():
+        return AttentionPlan(1, True, False, probe.rows)
+    own = not probe.padded_spans_keep_bits()
+    if tile > 1 and not probe.tiles_keep_bits(group, tile, own):
         tile = 1  # one query token per element: the decodes' own shape
-    return AttentionPlan(tile, own, True)
+    return AttentionPlan(tile, own, True, probe.rows)
 
 
 def _cancelling(
@@ -70,8 +89,10 @@ def _cancelling(
 
 
 class _Probe:
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bs: int) -> None:
-        self.q, self.k, self.v, self.bs = q, k, v, bs
+    def __init__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bs: int, rows: int
+    ) -> None:
+        self.q, self.k, self.v, self.bs, self.rows = q, k, v, bs, rows
         self.span = q.shape[0]
         # Each query as a decode over its own span, with the other queries of its block.
         own = [self._decodes(s, s + bs, s + bs) for s in range(0, self.span, bs)]
@@ -85,7 +106,7 @@ class _Probe:
         ends = torch.arange(start + 1, end + 1, device=self.q.device)
         mask = None if end - start == 1 and end == span else decode_mask(ends, span)
         k, v = self.k[:, :, :span], self.v[:, :, :span]
-        return attend(self.q[start:end], k, v, end - start, 1, mask)
+        return attend(self.q[start:end], k, v, end - start, 1, mask, self.rows)
 
     def batches_keep_bits(self) -> bool:
         """Some queries truly alone against their block's batch."""
@@ -109,7 +130,7 @@ class _Probe:
                 span = self._own_span(b)
                 mask = tile_mask(a, b, span, group, tile, self.q.device)
                 k, v = self.k[:, :, :span], self.v[:, :, :span]
-                got = attend(self.q[a:b], k, v, mask.shape[0], tile, mask)
+                got = attend(self.q[a:b], k, v, mask.shape[0], tile, mask, self.rows)
                 if not torch.equal(got, self.alone[a:b]):
                     return False
         return True

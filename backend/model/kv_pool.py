@@ -108,4 +108,5 @@ class PagedAttention:
         ctx, hkv, d = g.blocks.shape[0], self.n_kv, self.d
         kg = k_cache.index_select(0, ids).view(ctx, -1, hkv, d).transpose(1, 2)  # [B|1, Hkv, L, D]
         vg = v_cache.index_select(0, ids).view(ctx, -1, hkv, d).transpose(1, 2)
-        return attend(q.view(q.shape[0], hkv, -1, d), kg, vg, g.batch, g.span, g.mask)
+        rows = self.pool.plan.row_multiple
+        return attend(q.view(q.shape[0], hkv, -1, d), kg, vg, g.batch, g.span, g.mask, rows)
