@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Final, TypeVar
 
@@ -25,7 +25,8 @@ from gateway.policy.registry import Document, RegistryError, decode, empty_docum
 T = TypeVar("T")
 TRIES: Final = 8
 log = logging.getLogger("kvfence.gateway.control")
-Noted = Callable[[str, Version], Awaitable[None]]  # (what happened, version): audit and metrics
+# (what happened, version): the audit record and the metric
+Noted = Callable[[str, Version], Coroutine[None, None, None]]
 
 
 def _version(doc: Document) -> Version:
@@ -43,6 +44,7 @@ class DatabaseRegistryStore:
         self.held: Version | None = None  # the newest version this worker believes
         self.noted: Noted | None = None
         self.rollbacks = 0
+        self._notes: set[asyncio.Task[None]] = set()
 
     async def start(self) -> Document | None:
         """Before the first request: the newest of the witness and the database (the witness's
@@ -75,17 +77,25 @@ class DatabaseRegistryStore:
         """The document when the database holds a newer version than this worker believes.
         Raises ControlUnavailable when it cannot answer; RegistryError when what it holds does
         not open (the caller keeps what it has)."""
-        head = await self.store.head()
-        held = self.held.number if self.held is not None else 0
-        if (head[0] if head is not None else 0) < held:
-            await self._write_back(head[0] if head is not None else 0)
+        head = await self._head_or_write_back()
+        if head is None:
             return None
-        if head is None or (self.held is not None and head == (held, self.held.sha256)):
+        held = self.held.number if self.held is not None else 0
+        if head == (0, "") or (self.held is not None and head == (held, self.held.sha256)):
             return None
         newest = await self.store.newest()
         if newest is None:
             return None
         return await self._adopt(newest)
+
+    async def _head_or_write_back(self) -> tuple[int, str] | None:
+        """The database's newest (version, digest), (0, "") when it has none; None when it was
+        behind this worker and has just been written back (nothing new to take)."""
+        head = await self.store.head() or (0, "")
+        if self.held is not None and head[0] < self.held.number:
+            await self._write_back(head[0])
+            return None
+        return head
 
     async def _adopt(self, version: Version) -> Document:
         if not digest_ok(version):
@@ -93,11 +103,19 @@ class DatabaseRegistryStore:
         doc = decode(version.document, f"registry version {version.number}")
         if doc["version"] != version.number:
             raise RegistryError(f"registry version {version.number} names another version")
-        self.held = version
         await asyncio.to_thread(self.witness.save, version)
-        if self.noted is not None:
-            await self.noted("adopted", version)
+        self.held = version
+        self._note("adopted", version)
         return doc
+
+    def _note(self, what: str, version: Version) -> None:
+        """Record a version in the audit log and metrics without delaying its use: a revocation
+        takes effect before its record is written."""
+        if self.noted is None:
+            return
+        task = asyncio.get_running_loop().create_task(self.noted(what, version))
+        self._notes.add(task)
+        task.add_done_callback(self._notes.discard)
 
     async def _write_back(self, found: int) -> None:
         assert self.held is not None
@@ -107,15 +125,16 @@ class DatabaseRegistryStore:
             "recreated? the newer registry stays in force and is written back",
             extra={"database": self.store.where, "found": found, "held": self.held.number},
         )
-        if self.noted is not None:
-            await self.noted("rollback", self.held)
+        self._note("rollback", self.held)
         await self.store.write_back(self.held, self.origin)
 
     async def update(self, change: Callable[[Document], T]) -> T:
         """Apply `change` to the newest document and store it as the next version, retried when
         another worker or gateway changed it meanwhile."""
         for _ in range(TRIES):
-            await self.changed()  # a database behind this worker is written back first
+            # A database behind this worker is written back first; a newer version is not taken
+            # here (the watch's refresh takes it and swaps it in).
+            await self._head_or_write_back()
             newest = await self.store.newest()
             if newest is not None and not digest_ok(newest):
                 raise RegistryError("the newest registry version does not match its digest")
@@ -129,7 +148,9 @@ class DatabaseRegistryStore:
         raise RegistryError("the registry kept changing under this change: retry")
 
     async def close(self) -> None:
-        return None  # the control store is closed by its own context
+        """Wait for the records still on their way (the control store closes on its own)."""
+        if self._notes:
+            await asyncio.gather(*self._notes, return_exceptions=True)
 
 
 __all__ = ["ControlRefused", "ControlUnavailable", "DatabaseRegistryStore"]

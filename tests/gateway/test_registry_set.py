@@ -134,7 +134,7 @@ async def test_a_refused_change_leaves_the_tenant_as_it_was(
     assert code == 2 and "defined in the policy file: change it there" in err
     code, out, _ = await cli("tenants", "list", *online(fleet), capsys=capsys)
     lines = {line.split()[0]: line.split() for line in out.splitlines()}
-    assert lines["team7"][3:6] == ["smollm2", "0", "day=100"]
+    assert lines["team7"][3:6] == ["smollm2", "0", "day=100"], (code, out, err)
     assert newest_document(stored) == before
 
 
