@@ -62,7 +62,7 @@ def test_scripts_sidecar_proves_isolation_in_front_of_vllm(tmp_path: Path, vllm_
         start_new_session=True,
     )
     try:
-        output = _read_until(proc, READY, deadline_s=600)
+        output = _read_until(proc, READY, deadline_s=1200)  # a loaded host: installs, a probe
         assert "verdict: ISOLATED (exit 0)" in output, output
         assert "isolation:   PROVEN: kvfence probe says isolated" in output
         state = clone / ".kvfence" / "sidecar"
