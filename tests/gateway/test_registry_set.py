@@ -16,6 +16,7 @@ import pytest
 from gateway.app import create_app
 from gateway.policy.load import load_policy
 from gateway.policy.registry_view import spent_text
+from gateway.policy.reload import HOLDER
 from gateway.server import bound_port, start, start_admin
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway import test_registry as base
@@ -128,7 +129,11 @@ async def test_a_refused_change_leaves_the_tenant_as_it_was(
         code, _, err = await cli("tenants", "set", *argv, *policy, capsys=capsys)
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (argv, err)
     assert newest_document(stored) == before
-    # Through the admin listener too: refused, and the tenant as it was.
+    # Through the admin listener too (once the running gateway follows the offline add, within
+    # its refresh): refused, and the tenant as it was.
+    worker = fleet.workers[0].app[HOLDER]
+    await until(lambda: any(t.id == "team7" for t in worker.runtime.registry.tenants), 10,
+                "the running gateway follows the offline add")  # fmt: skip
     code, _, err = await cli("tenants", "set", "acme", "--model", "other", *online(fleet),
                              capsys=capsys)  # fmt: skip
     assert code == 2 and "defined in the policy file: change it there" in err
