@@ -17,12 +17,12 @@ from typing import Final
 
 from aiohttp import web
 
-from gateway.audit.chain.published import accept, chain_of, chains, consistency, latest
+from gateway.audit.chain.published import Chain, accept, chain_of, chains, consistency, latest
 from gateway.audit.sink import AUDIT_SINK, log_signer
 from gateway.control.engine import ControlRefused, ControlUnavailable
 from gateway.errors import BadRequest, CosignatureRefused, LogNotFound
 from gateway.filters.authn import authenticate
-from gateway.policy.model import CheckpointSettings, Policy
+from gateway.policy.model import AuditLogSettings, CheckpointSettings, Policy
 from gateway.policy.reload import HOLDER
 from gateway.receipts.service import RECEIPTS, tenant_log
 from gateway.state import RUNTIME, TENANT
@@ -155,17 +155,23 @@ def _policy(app: web.Application) -> Policy:
     return app[HOLDER].runtime.policy
 
 
+def _audit_chain(policy: Policy, name: str, origin: str) -> tuple[AuditLogSettings, Chain]:
+    """The policy's audit log and the chain of it that `origin` names (404 when none)."""
+    audit = policy.gateway.audit_log
+    assert audit is not None
+    chain = chain_of(origin, name, audit.path)
+    if chain is None:
+        raise LogNotFound("no such log")
+    return audit, chain
+
+
 async def admin_checkpoint(request: web.Request, app: web.Application) -> web.Response:
     policy = _policy(app)
     settings = _settings(policy)
     origin, old = request.query.get("log", settings.name), _old(request)
     if origin.startswith(settings.name + RECEIPT_LOGS):
         return await _receipt_checkpoint(app, policy, origin, old)
-    audit = policy.gateway.audit_log
-    assert audit is not None
-    chain = chain_of(origin, settings.name, audit.path)
-    if chain is None:
-        raise LogNotFound("no such log")
+    audit, chain = _audit_chain(policy, settings.name, origin)
     sink = app[AUDIT_SINK]
     if chain.worker == sink.worker:  # this worker's chain: checkpointed now, on demand
         await sink.checkpoint(audit)
@@ -181,11 +187,7 @@ async def admin_cosignature(request: web.Request, app: web.Application) -> web.R
     origin = request.query.get("log", settings.name)
     if origin.startswith(settings.name + RECEIPT_LOGS):
         return await _receipt_cosignature(request, app, settings, origin)
-    audit = policy.gateway.audit_log
-    assert audit is not None
-    chain = chain_of(origin, settings.name, audit.path)
-    if chain is None:
-        raise LogNotFound("no such log")
+    _, chain = _audit_chain(policy, settings.name, origin)
     note, witnesses = await _note(request, settings)
     try:
         await asyncio.to_thread(accept, chain, note, log_signer(settings).verifier, witnesses)
