@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from backend.engine.plan import PREFILL_POLICIES
 from backend.model.errors import ModelLoadError
-from kvfence.keyfile import KeyFileError
+from kvfence.keys.keyfile import KeyFileError
 from kvfence.listen import ListenError, check_listen
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def build(args: argparse.Namespace) -> web.Application:
     from backend.worker import EngineWorker
     from kvfence.attestation import AttestationSigner
     from kvfence.handle import HandleVerifier
-    from kvfence.keyfile import TrustStore, load_private_key
+    from kvfence.keys.keyfile import TrustStore, load_private_key
 
     trust = TrustStore.from_file(args.trust)
     signing_key = load_private_key(args.signing_key)

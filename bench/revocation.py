@@ -31,7 +31,7 @@ import aiohttp
 from bench.machine import describe
 from gateway.control.offline import OfflineRegistry
 from gateway.policy import registry as reg
-from kvfence.apikey import key_digest, mint_key
+from kvfence.keys.apikey import key_digest, mint_key
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.kit.fresh_env import free_port
 from tests.kit.polling import until

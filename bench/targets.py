@@ -129,7 +129,7 @@ def backend_target(
     hit."""
     _import_repo_root()
     from kvfence.handle import HANDLE_HEADER, HandleSigner
-    from kvfence.keyfile import generate_key, trust_entry, write_private_key, write_trust_file
+    from kvfence.keys.keyfile import generate_key, trust_entry, write_private_key, write_trust_file
     from tests.kit.vllm_server import free_port, running_server
 
     gateway_key, audience = generate_key(), "bench-backend"

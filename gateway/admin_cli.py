@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from gateway.registry.client import connect_url
-from kvfence.secrets import SecretError, from_env, from_file
+from kvfence.keys.secrets import SecretError, from_env, from_file
 
 DEFAULT_URL = "http://127.0.0.1:8081"
 

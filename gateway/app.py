@@ -80,7 +80,7 @@ from gateway.verify.reach import ReachCollector
 from gateway.verify.service import VERIFY, Verification, remove_state_dir, state_dir_for
 from gateway.verify.watch import WATCH, Watch
 from kvfence.logs import redact_headers
-from kvfence.receipt import RECEIPT_HEADER
+from kvfence.receipts.receipt import RECEIPT_HEADER
 
 CHAIN: Final[tuple[Filter, ...]] = (
     authenticate,

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from kvfence.keyfile import TrustStore, check_key_id
+from kvfence.keys.keyfile import TrustStore, check_key_id
 from kvfence.token import Clock, TokenError, claim, open_token, sign_token
 from kvfence.verdict import Verdict
 

@@ -14,13 +14,16 @@ from typing import Protocol, cast
 COMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("gateway.cli", "run the gateway in front of the backends a policy names"),
     "policy": ("gateway.policy.cli", "check a policy file"),
-    "keys": ("kvfence.keys_cli", "a tenant's API keys: new, list, revoke, expire"),
+    "keys": ("kvfence.keys.cli", "a tenant's API keys: new, list, revoke, expire"),
     "tenants": ("gateway.registry.cli", "the tenant registry: add, set, list, remove"),
-    "keygen": ("kvfence.keygen_cli", "create an Ed25519 key pair for handles or attestations"),
+    "keygen": ("kvfence.keys.keygen_cli", "create an Ed25519 key pair for handles or attestations"),
     "backend": ("backend.cli", "run the kvfence inference backend"),
     "audit": ("gateway.audit.cli", "verify a tamper-evident audit log"),
-    "receipt": ("kvfence.receipt_cli", "verify an answer's receipt offline"),
-    "witness": ("kvfence.witness_cli", "check and cosign a gateway's audit log checkpoints"),
+    "receipt": ("kvfence.receipts.cli", "verify an answer's receipt offline"),
+    "witness": (
+        "kvfence.receipts.witness_cli",
+        "check and cosign a gateway's audit log checkpoints",
+    ),
     "admin": ("gateway.admin_cli", "status, reload, canary rounds, quarantine release"),
     "probe": (
         "kvfence.probe.cli",

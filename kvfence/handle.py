@@ -23,7 +23,7 @@ from kvfence import handle_claims
 from kvfence.capability import Namespace, _mint
 from kvfence.handle_claims import body_digest
 from kvfence.handle_errors import HandleError, HandleForbidden, HandleUnavailable
-from kvfence.keyfile import TrustStore, check_key_id
+from kvfence.keys.keyfile import TrustStore, check_key_id
 from kvfence.public import PublicGrant, PublicPart
 from kvfence.replay import ReplayGuard
 from kvfence.share import Share

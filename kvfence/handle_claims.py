@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from kvfence.handle_errors import HandleError
-from kvfence.keyfile import b64url
+from kvfence.keys.keyfile import b64url
 from kvfence.public import PublicPart, parse_parts
 from kvfence.share import Share
 from kvfence.token import claim

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kvfence.capability import Namespace
-from kvfence.keyfile import b64url
+from kvfence.keys.keyfile import b64url
 from kvfence.share import Share
 
 PUBLIC_GROUP: Final = "public"  # the capacity group of the policy's declared public prefixes

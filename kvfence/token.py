@@ -14,7 +14,7 @@ import orjson
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from kvfence.keyfile import TrustStore, b64url, b64url_decode
+from kvfence.keys.keyfile import TrustStore, b64url, b64url_decode
 
 MAX_TOKEN_CHARS: Final = 8192
 

@@ -13,8 +13,8 @@ import os
 import sys
 from pathlib import Path
 
-from kvfence.apikey import key_digest, mint_key
-from kvfence.keyfile import generate_key, write_private_key
+from kvfence.keys.apikey import key_digest, mint_key
+from kvfence.keys.keyfile import generate_key, write_private_key
 
 TENANTS = ("acme", "globex")
 

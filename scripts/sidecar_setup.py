@@ -25,8 +25,8 @@ import yaml
 
 from gateway.control.offline import OfflineRegistry
 from gateway.policy import registry as reg
-from kvfence.apikey import TENANT_ID_RE, key_digest, mint_key
-from kvfence.keyfile import generate_key, write_private_key
+from kvfence.keys.apikey import TENANT_ID_RE, key_digest, mint_key
+from kvfence.keys.keyfile import generate_key, write_private_key
 
 TENANTS = ("acme", "globex")
 SECRETS = ("namespace-key", "pepper", "audit-key", "admin-token")

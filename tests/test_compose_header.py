@@ -228,7 +228,7 @@ def test_documented_setup_runs_as_written_and_the_gateway_accepts_its_keys(
         assert path.is_file(), f"the documented setup does not create secret {name}"
         if not name.endswith("_trust"):  # trust files hold public keys
             assert path.stat().st_mode & 0o077 == 0, f"secret {name} is readable by others"
-    keyfile = importlib.import_module("kvfence.keyfile")
+    keyfile = importlib.import_module("kvfence.keys.keyfile")
     keyfile.load_private_key(files["gateway_signing_key"])
     keyfile.load_private_key(files["backend_signing_key"])
     gateway_trust = keyfile.TrustStore.from_file(files["gateway_trust"])
@@ -347,7 +347,7 @@ def test_the_header_reads_the_receipt_id_and_publishes_the_log_keys_fingerprint(
     commands = _receipt_commands()
     steps = [c for c in commands if c.startswith(("FINGERPRINT=", "ID="))]
     out = _run([*steps, 'printf "%s|%s" "$FINGERPRINT" "$ID"'], tmp_path)
-    fingerprint = importlib.import_module("kvfence.receipt").fingerprint(keys.keyset.log)
+    fingerprint = importlib.import_module("kvfence.receipts.receipt").fingerprint(keys.keyset.log)
     assert out == f"{fingerprint}|rcpt_1a2b3_00ff"
 
 

@@ -176,7 +176,7 @@ def test_both_compose_gateways_sign_with_the_keys_docker_compose_yml_makes() -> 
 
 def _rebased(text: str, tmp_path: Path) -> Path:
     """The policy with every secret file replaced by a local one (keys that load)."""
-    from kvfence.keyfile import generate_key, write_private_key
+    from kvfence.keys.keyfile import generate_key, write_private_key
     from tests.kit.stack import make_keys
 
     keys = make_keys(tmp_path)

@@ -180,7 +180,7 @@ async def test_the_otel_extra_sends_traces_and_its_absence_is_one_line(tmp_path:
     """A policy with `gateway.tracing` under `kvfence[gateway]` alone: refused in one line naming
     `kvfence[gateway,otel]`; with that installed, a request's span reaches an OTLP collector."""
     pytest.importorskip("opentelemetry.proto", reason="the suite's .venv has the otel extra")
-    from kvfence.apikey import key_digest, mint_key
+    from kvfence.keys.apikey import key_digest, mint_key
     from tests.fakes.otlp_collector import FakeCollector
     from tests.kit.polling import until
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gateway.policy.load import load_policy
-from kvfence.apikey import key_digest, mint_key
+from kvfence.keys.apikey import key_digest, mint_key
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRETS = {

@@ -19,7 +19,7 @@ from aiohttp import web
 from gateway.control.offline import OfflineRegistry
 from gateway.policy.load import load_policy
 from gateway.policy.runtime import Runtime
-from kvfence.apikey import mint_key
+from kvfence.keys.apikey import mint_key
 
 ROOT = Path(__file__).resolve().parents[1]
 

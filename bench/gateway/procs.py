@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvfence.apikey import key_digest, mint_key
+from kvfence.keys.apikey import key_digest, mint_key
 
 _TICK = os.sysconf("SC_CLK_TCK")
 MODEL = "smollm2"

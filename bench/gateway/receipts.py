@@ -30,7 +30,7 @@ from bench.gateway import procs
 from bench.gateway.overhead import Bench
 from bench.gateway.report import HEADER, Point, added, machine, row
 from bench.gateway.traffic import scenarios
-from kvfence.keyfile import generate_key, write_private_key
+from kvfence.keys.keyfile import generate_key, write_private_key
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUTPUT = REPO_ROOT / "bench" / "results" / "gateway_receipts.json"
@@ -64,9 +64,9 @@ def components(n: int = 2000) -> dict[str, float]:
     are in the end-to-end figure only."""
     import timeit
 
-    from kvfence.jcs import canonical
-    from kvfence.merkle import leaf_hash, node_hash
-    from kvfence.receipt import sign
+    from kvfence.receipts.jcs import canonical
+    from kvfence.receipts.merkle import leaf_hash, node_hash
+    from kvfence.receipts.receipt import sign
 
     key = generate_key()
     doc = json.loads(SAMPLE_RECEIPT)

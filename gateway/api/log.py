@@ -26,7 +26,7 @@ from gateway.policy.model import AuditLogSettings, CheckpointSettings, Policy
 from gateway.policy.reload import HOLDER
 from gateway.receipts.service import RECEIPTS, tenant_log
 from gateway.state import RUNTIME, TENANT
-from kvfence.note import Verifier
+from kvfence.receipts.note import Verifier
 
 MAX_NOTE_BYTES: Final = 1 << 16
 RECEIPT_LOGS: Final = "/tenant/"

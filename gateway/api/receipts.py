@@ -22,7 +22,7 @@ from gateway.filters.authn import authenticate
 from gateway.receipts.service import RECEIPTS
 from gateway.receipts.store import expiry_of
 from gateway.state import RUNTIME, TENANT
-from kvfence.receipt import AUDIT_LOG
+from kvfence.receipts.receipt import AUDIT_LOG
 
 _PROOF = "text/plain; charset=utf-8"
 

@@ -27,13 +27,13 @@ from gateway.audit.chain.verify import (
     unfinished,
     verify_chain,
 )
-from kvfence.secrets import from_env, from_file
+from kvfence.keys.secrets import from_env, from_file
 
 OK, TAMPERED, UNUSABLE, WRONG_KEY = 0, 1, 2, 3
 
 
 def load_key(key_env: str | None, key_file: Path | None) -> bytes:
-    """The audit secret, read the way the policy reads `audit_log.key` (kvfence.secrets)."""
+    """The audit secret, read the way the policy reads `audit_log.key` (kvfence.keys.secrets)."""
     if key_file is not None:
         return mac_key(from_file(key_file))
     return mac_key(from_env(key_env or "KVFENCE_AUDIT_KEY"))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from gateway.audit.judge import Judgement
 from gateway.errors import AttestationRefused
 from gateway.receipts.draft import Draft
-from kvfence.receipt import RECEIPT_HEADER
+from kvfence.receipts.receipt import RECEIPT_HEADER
 from kvfence.verdict import VERDICT_HEADER
 
 

@@ -22,7 +22,7 @@ from gateway.audit.chain.format import worker_path
 from gateway.audit.chain.log import Appended, AuditLog, AuditWriteError
 from gateway.audit.chain.transparency import LogIdentity
 from gateway.policy.model import AuditLogSettings, CheckpointSettings
-from kvfence.note import ED25519, Signer
+from kvfence.receipts.note import ED25519, Signer
 
 log = logging.getLogger("kvfence.gateway.audit")
 _UNSET = object()

@@ -19,8 +19,8 @@ import orjson
 
 from gateway.control.engine import Tx, one
 from gateway.control.store import ControlStore
-from kvfence.checkpoint import Checkpoint, ConsistencyProof, InclusionProof
-from kvfence.merkle import (
+from kvfence.receipts.checkpoint import Checkpoint, ConsistencyProof, InclusionProof
+from kvfence.receipts.merkle import (
     Subtree,
     consistency_proof,
     inclusion_proof,
@@ -28,7 +28,7 @@ from kvfence.merkle import (
     node_hash,
     tree_hash,
 )
-from kvfence.note import Signer, Verifier, open_note, split_note
+from kvfence.receipts.note import Signer, Verifier, open_note, split_note
 
 SIGNED, WITNESSED = 0, 1
 _INSERT = "INSERT INTO receipts (id, tenant, expires, document, entry) VALUES (?, ?, ?, ?, ?)"

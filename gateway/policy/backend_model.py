@@ -8,7 +8,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from gateway.policy.secrets import Secret, SecretRef
-from kvfence.keyfile import TrustStore
+from kvfence.keys.keyfile import TrustStore
 
 
 class AuditMode(StrEnum):

@@ -20,8 +20,8 @@ from gateway.policy.model import AuditLogSettings, CheckpointSettings, FsyncMode
 from gateway.policy.node import Node, optional
 from gateway.policy.secrets import SecretRef, read_ref, resolve
 from gateway.policy.sources import note
-from kvfence.keyfile import KEY_ID_RE, KeyFileError, TrustStore, load_private_key
-from kvfence.note import COSIGNATURE, NoteError, Verifier
+from kvfence.keys.keyfile import KEY_ID_RE, KeyFileError, TrustStore, load_private_key
+from kvfence.receipts.note import COSIGNATURE, NoteError, Verifier
 
 _F = frozenset
 _AUDIT_REQ: Final = _F({"path", "key"})

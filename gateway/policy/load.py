@@ -38,7 +38,7 @@ from gateway.policy.sources import recording
 from gateway.policy.tenant_model import PublicSettings
 from gateway.policy.tenants import read_tenants
 from gateway.policy.verify import read_admin, read_history
-from kvfence.apikey import MIN_PEPPER_BYTES
+from kvfence.keys.apikey import MIN_PEPPER_BYTES
 from kvfence.namespace import KEY_ID_RE, MIN_SECRET_BYTES
 
 _F = frozenset

@@ -15,7 +15,7 @@ from gateway.policy.keys import read_private_key, writable_folder
 from gateway.policy.model import ReceiptKeySpec, ReceiptSettings
 from gateway.policy.node import Node, optional, unique_items
 from gateway.policy.tenant_model import TenantReceipts
-from kvfence.keyfile import KEY_ID_RE
+from kvfence.keys.keyfile import KEY_ID_RE
 
 _F = frozenset
 MIN_KEEP_S: Final = 60.0

@@ -24,7 +24,7 @@ import orjson
 from gateway.policy.node import PolicyError, compose, guarded
 from gateway.policy.tenant_model import Tenant, TenantBudgets
 from gateway.policy.tenants import read_budgets, read_registry_tenant
-from kvfence.apikey import TENANT_ID_RE, is_digest
+from kvfence.keys.apikey import TENANT_ID_RE, is_digest
 
 FORMAT: Final = 1
 KEY_ID_PREFIX: Final = "key_"

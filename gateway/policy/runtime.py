@@ -27,9 +27,9 @@ from gateway.policy.model import Policy
 from gateway.policy.registry import EMPTY, Document, KeyInfo, Registry
 from gateway.policy.registry import read as read_registry
 from gateway.policy.tenant_model import PublicPrefix, Scope, Tenant
-from kvfence.apikey import is_well_formed, key_digest
 from kvfence.attestation import AttestationVerifier
 from kvfence.handle import HandleSigner
+from kvfence.keys.apikey import is_well_formed, key_digest
 from kvfence.namespace import NamespaceKey, capacity_group, derive_namespace, public_namespace
 from kvfence.public import PUBLIC_GROUP
 from kvfence.share import Share

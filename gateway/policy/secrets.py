@@ -14,7 +14,7 @@ import yaml
 
 from gateway.policy.node import Node
 from gateway.policy.sources import note
-from kvfence.secrets import SecretError, from_env, from_file
+from kvfence.keys.secrets import SecretError, from_env, from_file
 
 _KEYS = frozenset({"env", "file"})
 

@@ -19,7 +19,7 @@ from gateway.policy.public import read_tenant_public
 from gateway.policy.receipts import read_tenant_receipts
 from gateway.policy.sources import note
 from gateway.policy.tenant_model import Scope, Tenant, TenantBudgets, TenantCache, TenantLimits
-from kvfence.apikey import TENANT_ID_RE, is_digest
+from kvfence.keys.apikey import TENANT_ID_RE, is_digest
 
 _F = frozenset
 _TENANT_REQ = _F({"id", "api_keys", "scope", "models"})

@@ -33,7 +33,7 @@ from gateway.state import (
 )
 from kvfence.namespace import namespace_label
 from kvfence.public import chat_digest, text_digest
-from kvfence.receipt import (
+from kvfence.receipts.receipt import (
     API_VERSION,
     AUDIT_LOG,
     CACHE_SCOPE,

@@ -15,8 +15,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gateway.audit.sink import log_signer
 from gateway.policy.model import AuditLogSettings, CheckpointSettings, Policy, ReceiptSettings
-from kvfence.note import Verifier
-from kvfence.receipt import KeySet, ReceiptKey
+from kvfence.receipts.note import Verifier
+from kvfence.receipts.receipt import KeySet, ReceiptKey
 
 
 @dataclass(frozen=True, slots=True)

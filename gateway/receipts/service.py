@@ -31,8 +31,8 @@ from gateway.receipts.draft import Draft
 from gateway.receipts.keys import KeysCache, ReceiptKeys
 from gateway.receipts.store import HOUR, ReceiptWriteError, expiry_of
 from kvfence.namespace import namespace_label
-from kvfence.note import Signer
-from kvfence.receipt import log_entry, sign
+from kvfence.receipts.note import Signer
+from kvfence.receipts.receipt import log_entry, sign
 
 SWEEP_EVERY_S: Final = 600.0
 RETRY_S: Final = 1.0  # how often /readyz tries a write while receipts cannot be written

@@ -40,7 +40,7 @@ from gateway.policy.registry_view import (
     tenants_view,
 )
 from gateway.policy.reload import HOLDER
-from kvfence.apikey import key_digest, mint_key
+from kvfence.keys.apikey import key_digest, mint_key
 
 Handler = Callable[[web.Application, web.Request], Awaitable[web.StreamResponse]]
 

@@ -147,7 +147,7 @@ def _dumps(out: Any) -> str:
     return json.dumps(out, indent=2)
 
 
-# `kvfence keys` with a registry (kvfence.keys_cli hands these over).
+# `kvfence keys` with a registry (kvfence.keys.cli hands these over).
 
 
 def keys_main(args: argparse.Namespace) -> int:

@@ -33,8 +33,8 @@ from gateway.policy.registry_view import (
     tenants_view,
 )
 from gateway.policy.runtime import registry_of
-from kvfence.apikey import key_digest, mint_key
-from kvfence.secrets import SecretError, from_env, from_file
+from kvfence.keys.apikey import key_digest, mint_key
+from kvfence.keys.secrets import SecretError, from_env, from_file
 
 
 class Unreachable(Exception):

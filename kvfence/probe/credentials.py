@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 
+from kvfence.keys.secrets import SecretError, from_env, from_file
 from kvfence.probe.client import Identity
 from kvfence.probe.errors import UsageError
-from kvfence.secrets import SecretError, from_env, from_file
 
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _KEY = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces: it goes into a header

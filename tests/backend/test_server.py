@@ -25,7 +25,7 @@ from kvfence.attestation import (
     check_attestation,
 )
 from kvfence.handle import HANDLE_HEADER, HANDLE_PREFIX, HandleSigner
-from kvfence.keyfile import b64url_decode, generate_key
+from kvfence.keys.keyfile import b64url_decode, generate_key
 from kvfence.token import sign_token
 from kvfence.verdict import Verdict
 from tests.kit.backend_server import Kit, make_kit

@@ -14,7 +14,7 @@ import pytest
 from backend.model.load import LoadedModel
 from kvfence.cli import main as kvfence_main
 from kvfence.handle import HandleSigner
-from kvfence.keyfile import load_private_key
+from kvfence.keys.keyfile import load_private_key
 from kvfence.namespace import NamespaceKey, derive_namespace
 from tests.kit.concurrent_sessions import alone_then_together
 from tests.kit.stack import AUDIENCE, Keys, Stack, make_backend, make_keys, running_stack

@@ -19,7 +19,7 @@ from aiohttp import web
 from backend.model.load import LoadedModel
 from kvfence.attestation import ATTESTATION_HEADER, AttestationVerifier
 from kvfence.handle import HANDLE_HEADER
-from kvfence.keyfile import TrustStore
+from kvfence.keys.keyfile import TrustStore
 from tests.kit.stack import Keys, Stack, make_backend, make_keys, running_stack, serve
 
 

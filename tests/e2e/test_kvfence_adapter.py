@@ -18,7 +18,7 @@ from gateway.metrics import METRICS
 from kvfence.attestation import ATTESTATION_HEADER, AttestationSigner
 from kvfence.cli import main as kvfence_main
 from kvfence.handle import HANDLE_HEADER, HandleSigner, HandleVerifier
-from kvfence.keyfile import TrustStore, generate_key, load_private_key
+from kvfence.keys.keyfile import TrustStore, generate_key, load_private_key
 from tests.kit.polling import until
 from tests.kit.stack import AUDIENCE, Keys, Stack, make_backend, make_keys, running_stack
 

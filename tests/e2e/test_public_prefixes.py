@@ -20,7 +20,7 @@ from backend.runner import ModelRunner
 from backend.server import BACKEND
 from kvfence.attestation import ATTESTATION_HEADER, AttestationVerifier
 from kvfence.handle import HANDLE_HEADER, HandleSigner
-from kvfence.keyfile import TrustStore, generate_key, load_private_key
+from kvfence.keys.keyfile import TrustStore, generate_key, load_private_key
 from kvfence.namespace import NamespaceKey, derive_namespace, public_namespace
 from kvfence.public import PUBLIC_GROUP, PublicPart, chat_digest
 from kvfence.share import Share

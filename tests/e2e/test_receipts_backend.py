@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from backend.model.load import LoadedModel
-from kvfence.receipt import RECEIPT_HEADER
+from kvfence.receipts.receipt import RECEIPT_HEADER
 from tests.kit.receipts import ReceiptKeys, Tenant, make_receipt_keys
 from tests.kit.stack import Keys, Stack, make_backend, make_keys, running_stack
 

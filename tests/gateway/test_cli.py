@@ -12,8 +12,8 @@ import aiohttp
 import orjson
 import pytest
 
-from kvfence.apikey import is_well_formed, key_digest
 from kvfence.cli import main as kvfence_main
+from kvfence.keys.apikey import is_well_formed, key_digest
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.kit.gateway import ENV, KEYS, policy_text
 

@@ -24,7 +24,7 @@ from gateway.app import create_app
 from gateway.policy.load import parse_policy
 from gateway.server import bound_port, start
 from gateway.verify.service import VERIFY
-from kvfence.apikey import key_digest, mint_key
+from kvfence.keys.apikey import key_digest, mint_key
 from scripts.sidecar_setup import ensure_receipt_keys
 from scripts.sidecar_setup import policy as sidecar_policy
 from tests.kit.polling import until

@@ -15,7 +15,7 @@ import pytest
 from gateway.app import create_app
 from gateway.policy.load import parse_policy
 from gateway.server import bound_port, start
-from kvfence.apikey import key_digest, mint_key
+from kvfence.keys.apikey import key_digest, mint_key
 from kvfence.namespace import NamespaceKey, derive_namespace
 from tests.interop.probes import cached_tokens, complete, fresh_prompt, stream_chat
 from tests.kit.vllm_server import SERVED_MODEL

@@ -12,7 +12,7 @@ import pytest
 from gateway.app import create_app
 from gateway.policy.load import parse_policy
 from gateway.server import bound_port, start
-from kvfence.apikey import key_digest, mint_key
+from kvfence.keys.apikey import key_digest, mint_key
 from kvfence.probe.cli import probe
 from kvfence.probe.client import Endpoint, Identity
 from kvfence.probe.method import ProbeConfig

@@ -14,8 +14,8 @@ import pytest
 from gateway.app import create_app
 from gateway.policy.load import parse_policy
 from gateway.server import bound_port, start
-from kvfence.note import Verifier
-from kvfence.receipt import RECEIPT_HEADER
+from kvfence.receipts.note import Verifier
+from kvfence.receipts.receipt import RECEIPT_HEADER
 from tests.interop.probes import fresh_prompt
 from tests.interop.test_gateway_vllm import ENV, KEYS, policy_text
 from tests.kit.receipts import Tenant, make_receipt_keys, with_receipts

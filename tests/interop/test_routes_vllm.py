@@ -21,7 +21,7 @@ import pytest
 from gateway.app import create_app
 from gateway.policy.load import parse_policy
 from gateway.server import bound_port, start
-from kvfence.apikey import key_digest, mint_key
+from kvfence.keys.apikey import key_digest, mint_key
 from tests.interop.probes import fresh_prompt
 from tests.kit.vllm_server import SERVED_MODEL, VllmConfig, running_vllm
 

@@ -34,7 +34,7 @@ from gateway.verify.detective import Detective
 from gateway.verify.markers import MarkerKey
 from gateway.verify.store import FingerprintStore
 from kvfence.attestation import AttestationSigner, AttestationVerifier
-from kvfence.keyfile import TrustStore, generate_key
+from kvfence.keys.keyfile import TrustStore, generate_key
 
 KEY = MarkerKey(b"k" * 32)  # the canary marker key of every kit context
 SIGNING = generate_key()

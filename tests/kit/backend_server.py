@@ -18,7 +18,7 @@ from backend.service import Backend, ServedModel
 from backend.worker import EngineWorker
 from kvfence.attestation import AttestationSigner, AttestationVerifier
 from kvfence.handle import HANDLE_HEADER, HandleSigner, HandleVerifier
-from kvfence.keyfile import TrustStore, generate_key
+from kvfence.keys.keyfile import TrustStore, generate_key
 from tests.kit.leaky_engine import LeakyEngine
 
 AUDIENCE = "backend-test"

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvfence.apikey import key_digest
+from kvfence.keys.apikey import key_digest
 from tests.kit.polling import until_sync
 from tests.kit.redis_server import free_port
 from tests.kit.stack import PEPPER, Keys

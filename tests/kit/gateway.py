@@ -15,7 +15,7 @@ from gateway.metrics import METRICS
 from gateway.policy.load import parse_policy
 from gateway.policy.model import Policy
 from gateway.server import bound_port, start
-from kvfence.apikey import key_digest, mint_key
+from kvfence.keys.apikey import key_digest, mint_key
 from tests.fakes.openai_upstream import FakeUpstream
 
 PEPPER = "test-pepper-0123456789"

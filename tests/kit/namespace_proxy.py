@@ -14,7 +14,7 @@ import orjson
 
 from backend.model.load import LoadedModel
 from kvfence.handle import HANDLE_HEADER, HandleSigner
-from kvfence.keyfile import load_private_key
+from kvfence.keys.keyfile import load_private_key
 from tests.fakes.salt_dropping_proxy import Rewrite, RewritingProxy
 from tests.kit.stack import AUDIENCE, Keys, make_backend, serve
 

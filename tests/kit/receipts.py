@@ -10,10 +10,10 @@ from pathlib import Path
 
 import aiohttp
 
-from kvfence.keyfile import generate_key, load_private_key, write_private_key
-from kvfence.note import COSIGNATURE, ED25519, Signer, Verifier
-from kvfence.receipt import KeySet
-from kvfence.receipt_check import Report, Root, verify
+from kvfence.keys.keyfile import generate_key, load_private_key, write_private_key
+from kvfence.receipts.check import Report, Root, verify
+from kvfence.receipts.note import COSIGNATURE, ED25519, Signer, Verifier
+from kvfence.receipts.receipt import KeySet
 
 LOG_NAME = "kvfence.test/log"
 WITNESS_NAME = "witness.test/w1"

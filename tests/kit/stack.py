@@ -23,10 +23,10 @@ from backend.worker import EngineWorker
 from gateway.app import create_app as create_gateway
 from gateway.policy.load import load_policy
 from gateway.server import bound_port, start
-from kvfence.apikey import key_digest, mint_key
 from kvfence.attestation import AttestationSigner
 from kvfence.handle import HandleVerifier
-from kvfence.keyfile import (
+from kvfence.keys.apikey import key_digest, mint_key
+from kvfence.keys.keyfile import (
     TrustStore,
     add_to_trust_file,
     generate_key,

@@ -21,7 +21,7 @@ from gateway.policy.reload import HOLDER
 from gateway.server import bound_port, start, start_admin
 from gateway.verify.service import VERIFY
 from gateway.verify.watch import WATCH
-from kvfence.apikey import key_digest, mint_key
+from kvfence.keys.apikey import key_digest, mint_key
 from tests.kit.vllm_server import MODEL_DIR, SERVED_MODEL
 
 PEPPER = "verify-pepper-0123456789"

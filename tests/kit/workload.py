@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from kvfence.apikey import key_digest, mint_key
+from kvfence.keys.apikey import key_digest, mint_key
 from tests.kit.vllm_server import MODEL_DIR, SERVED_MODEL
 
 PEPPER = "honest-pepper-0123456789"

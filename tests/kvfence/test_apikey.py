@@ -1,6 +1,6 @@
 import pytest
 
-from kvfence.apikey import KEY_LEN, is_digest, is_well_formed, key_digest, mint_key
+from kvfence.keys.apikey import KEY_LEN, is_digest, is_well_formed, key_digest, mint_key
 
 
 def test_minted_keys_are_well_formed_and_distinct() -> None:

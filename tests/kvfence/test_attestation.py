@@ -13,7 +13,7 @@ from kvfence.attestation import (
     AttestationVerifier,
     check_attestation,
 )
-from kvfence.keyfile import TrustStore, generate_key
+from kvfence.keys.keyfile import TrustStore, generate_key
 from kvfence.token import sign_token
 from kvfence.verdict import Verdict
 

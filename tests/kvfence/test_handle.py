@@ -16,7 +16,7 @@ from kvfence.capability import Namespace
 from kvfence.handle import HANDLE_PREFIX, HandleSigner, HandleVerifier, sign_token
 from kvfence.handle_claims import body_digest
 from kvfence.handle_errors import HandleError, HandleForbidden, HandleUnavailable
-from kvfence.keyfile import TrustStore, generate_key
+from kvfence.keys.keyfile import TrustStore, generate_key
 
 NOW = 1_800_000_000.0
 KEY = generate_key()

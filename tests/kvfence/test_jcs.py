@@ -10,7 +10,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvfence.jcs import MAX_SAFE_INT, CanonicalError, canonical
+from kvfence.receipts.jcs import MAX_SAFE_INT, CanonicalError, canonical
 
 # RFC 8785 section 3.2.2 (the sample input) and 3.2.3 (sorting by UTF-16 code units).
 SAMPLE = {

@@ -11,7 +11,7 @@ import pytest
 
 from kvfence.cli import main as kvfence_main
 from kvfence.handle import HandleSigner, HandleVerifier
-from kvfence.keyfile import (
+from kvfence.keys.keyfile import (
     KeyFileError,
     TrustStore,
     add_to_trust_file,

@@ -10,7 +10,7 @@ import pytest
 from tlog_scales.tlog import ConsistencyProof, ConsistencyProofInvalid, InclusionProofInvalid
 from tlog_scales.tlog import InclusionProof as TheirInclusion
 
-from kvfence.merkle import (
+from kvfence.receipts.merkle import (
     EMPTY_ROOT,
     ProofError,
     consistency_proof,

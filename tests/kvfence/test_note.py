@@ -7,9 +7,17 @@ import pytest
 from tlog_scales.signing import Vkey
 from tlog_scales.tlog import Checkpoint as TheirCheckpoint
 
-from kvfence.checkpoint import Checkpoint, ConsistencyProof, FormatError, InclusionProof
-from kvfence.keyfile import generate_key
-from kvfence.note import COSIGNATURE, ED25519, NoteError, Signer, Verifier, open_note, split_note
+from kvfence.keys.keyfile import generate_key
+from kvfence.receipts.checkpoint import Checkpoint, ConsistencyProof, FormatError, InclusionProof
+from kvfence.receipts.note import (
+    COSIGNATURE,
+    ED25519,
+    NoteError,
+    Signer,
+    Verifier,
+    open_note,
+    split_note,
+)
 
 LOG = Signer("example.com/log", ED25519, generate_key())
 WITNESS = Signer("witness.example/w1", COSIGNATURE, generate_key())

@@ -7,9 +7,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from kvfence.keyfile import generate_key
-from kvfence.note import ED25519, Signer
-from kvfence.receipt import (
+from kvfence.keys.keyfile import generate_key
+from kvfence.receipts.check import verify
+from kvfence.receipts.note import ED25519, Signer
+from kvfence.receipts.receipt import (
     KeySet,
     ReceiptError,
     ReceiptKey,
@@ -18,7 +19,6 @@ from kvfence.receipt import (
     sign,
     signing_input,
 )
-from kvfence.receipt_check import verify
 
 LOG = Signer("example.com/log", ED25519, generate_key())
 OLD, NEW = generate_key(), generate_key()

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from gateway.audit.chain.format import worker_path
-from kvfence.secrets import from_env, from_file
+from kvfence.keys.secrets import from_env, from_file
 
 
 class ChainsError(Exception):

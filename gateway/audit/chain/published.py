@@ -23,8 +23,8 @@ from gateway.audit.chain.transparency import (
     write_note,
 )
 from gateway.audit.chain.tree import TreeFile, tree_path
-from kvfence.checkpoint import Checkpoint, ConsistencyProof, InclusionProof
-from kvfence.note import NoteError, Verifier, open_note, split_note
+from kvfence.receipts.checkpoint import Checkpoint, ConsistencyProof, InclusionProof
+from kvfence.receipts.note import NoteError, Verifier, open_note, split_note
 
 _WORKER: Final = re.compile(r"^/w([1-9][0-9]{0,3})$")
 

@@ -21,9 +21,9 @@ from typing import Final
 from gateway.audit.chain.chainfile import ChainFile
 from gateway.audit.chain.lock import AuditWriteError
 from gateway.audit.chain.tree import TreeFile, chain_lines, tree_path
-from kvfence.checkpoint import Checkpoint, FormatError
-from kvfence.merkle import leaf_hash
-from kvfence.note import Signer, split_note
+from kvfence.receipts.checkpoint import Checkpoint, FormatError
+from kvfence.receipts.merkle import leaf_hash
+from kvfence.receipts.note import Signer, split_note
 
 CHECKPOINT: Final = ".checkpoint"
 WITNESSED: Final = ".witnessed"

@@ -17,7 +17,7 @@ from typing import Final
 import orjson
 
 from gateway.audit.chain.format import rotated_paths
-from kvfence.merkle import (
+from kvfence.receipts.merkle import (
     EMPTY_ROOT,
     HASH_SIZE,
     consistency_proof,

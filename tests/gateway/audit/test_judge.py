@@ -20,7 +20,7 @@ from gateway.policy.backend_model import (
 from gateway.policy.secrets import SecretRef
 from gateway.verify.detective import ATTRIBUTED, NOBODY, Finding
 from kvfence.attestation import AttestationSigner, AttestationVerifier
-from kvfence.keyfile import TrustStore, generate_key
+from kvfence.keys.keyfile import TrustStore, generate_key
 from kvfence.namespace import namespace_label
 from kvfence.verdict import Verdict
 

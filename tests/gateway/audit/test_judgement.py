@@ -15,7 +15,7 @@ from multidict import CIMultiDict
 
 from kvfence.attestation import ATTESTATION_HEADER, AttestationSigner
 from kvfence.handle import HANDLE_HEADER, HandleVerifier
-from kvfence.keyfile import TrustStore, load_private_key
+from kvfence.keys.keyfile import TrustStore, load_private_key
 from tests.kit.stack import AUDIENCE, Keys, make_keys, running_stack
 
 SECRET = "SECRET-TEXT"

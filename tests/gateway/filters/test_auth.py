@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvfence.apikey import mint_key
+from kvfence.keys.apikey import mint_key
 from tests.kit.gateway import KEYS, Gateway
 
 MSG = [{"role": "user", "content": "hi"}]

@@ -14,7 +14,7 @@ from gateway.control.offline import OfflineRegistry
 from gateway.fleet.windows import window
 from gateway.policy import registry as reg
 from gateway.policy.load import parse_policy
-from kvfence.apikey import key_digest, mint_key
+from kvfence.keys.apikey import key_digest, mint_key
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.kit.fleet_policies import fleet_policy_text, replica
 from tests.kit.gateway import ENV, PEPPER, Gateway, policy_text, run_gateway

@@ -9,7 +9,7 @@ from gateway.policy.backend_model import AuditMode
 from gateway.policy.load import load_policy, parse_policy
 from gateway.policy.node import PolicyError
 from kvfence.cli import main as kvfence_main
-from kvfence.keyfile import add_to_trust_file, generate_key, write_private_key
+from kvfence.keys.keyfile import add_to_trust_file, generate_key, write_private_key
 from tests.kit.gateway import ENV, digest, policy_text
 
 URL = "http://127.0.0.1:9"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kvfence.checkpoint import Checkpoint, ConsistencyProof, InclusionProof, b64
-from kvfence.note import split_note
+from kvfence.receipts.checkpoint import Checkpoint, ConsistencyProof, InclusionProof, b64
+from kvfence.receipts.note import split_note
 from tests.gateway.receipts.conftest import Stack
 from tests.gateway.receipts.test_receipts import CHAT, ask
 from tests.kit.c2sp import build, missing

@@ -15,9 +15,9 @@ import pytest
 
 from gateway.audit.sink import AUDIT_SINK
 from gateway.receipts.service import tenant_log
-from kvfence.checkpoint import Checkpoint, InclusionProof
-from kvfence.note import split_note
-from kvfence.receipt_check import Root, verify
+from kvfence.receipts.check import Root, verify
+from kvfence.receipts.checkpoint import Checkpoint, InclusionProof
+from kvfence.receipts.note import split_note
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway.receipts.conftest import Stack, open_stack
 from tests.gateway.receipts.test_receipts import CHAT, ask

@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
-from kvfence.receipt import RECEIPT_HEADER
-from kvfence.receipt_check import Root, verify
+from kvfence.receipts.check import Root, verify
+from kvfence.receipts.receipt import RECEIPT_HEADER
 from tests.gateway.receipts.conftest import Stack
 
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hello"}]}

@@ -12,8 +12,8 @@ import pytest
 
 from gateway.audit.chain.lock import AuditWriteError
 from kvfence.cli import main as kvfence
-from kvfence.merkle import leaf_hash
-from kvfence.receipt_check import Root, verify
+from kvfence.receipts.check import Root, verify
+from kvfence.receipts.merkle import leaf_hash
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway.receipts.conftest import open_stack
 from tests.gateway.receipts.test_receipts import CHAT, ask

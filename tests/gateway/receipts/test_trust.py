@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from kvfence.cli import main as kvfence
-from kvfence.keyfile import generate_key
-from kvfence.receipt import KeySet, ReceiptKey, sign
+from kvfence.keys.keyfile import generate_key
+from kvfence.receipts.receipt import KeySet, ReceiptKey, sign
 from tests.gateway.receipts.conftest import Stack
 from tests.gateway.receipts.test_receipts import CHAT, ask
 

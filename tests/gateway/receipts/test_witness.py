@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvfence.cli import main as kvfence
-from kvfence.keyfile import write_private_key
+from kvfence.keys.keyfile import write_private_key
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.gateway.receipts.conftest import Stack, open_stack
 from tests.gateway.receipts.test_receipts import CHAT, ask

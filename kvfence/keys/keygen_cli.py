@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 
-from kvfence.keyfile import (
+from kvfence.keys.keyfile import (
     KeyFileError,
     add_to_trust_file,
     check_key_id,

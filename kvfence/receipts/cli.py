@@ -1,6 +1,6 @@
 """`kvfence receipt verify RECEIPT --proof FILE (--log-key VKEY | --fingerprint FP |
 --witness VKEY ...) [--request FILE] [--response FILE] [--keys KEYSET]`: check a receipt offline
-(`kvfence.receipt_check`) from a trust root got out of band. The proof (a c2sp.org/tlog-proof,
+(`kvfence.receipts.check`) from a trust root got out of band. The proof (a c2sp.org/tlog-proof,
 from GET /v1/kvfence/receipts/{id}/proof) carries the checkpoint the record is proven in and the
 record, which names the key set the receipt was signed under; each --witness must have cosigned
 that checkpoint.
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import orjson
 
-from kvfence.note import NoteError, Verifier
-from kvfence.receipt import KeySet, ReceiptError
-from kvfence.receipt_check import Root, verify
+from kvfence.receipts.check import Root, verify
+from kvfence.receipts.note import NoteError, Verifier
+from kvfence.receipts.receipt import KeySet, ReceiptError
 
 OK, FAILED, UNUSABLE = 0, 1, 2
 MAX_FILE = 64 << 20

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from kvfence.merkle import HASH_SIZE
+from kvfence.receipts.merkle import HASH_SIZE
 
 PROOF_HEADER: Final = "c2sp.org/tlog-proof@v1"
 _DECIMAL: Final = re.compile(r"0|[1-9][0-9]{0,19}")

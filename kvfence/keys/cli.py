@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 import yaml
 
-from kvfence.apikey import MIN_PEPPER_BYTES, TENANT_ID_RE, key_digest, mint_key
-from kvfence.secrets import SecretError, from_env, from_file
+from kvfence.keys.apikey import MIN_PEPPER_BYTES, TENANT_ID_RE, key_digest, mint_key
+from kvfence.keys.secrets import SecretError, from_env, from_file
 
 
 class KeysError(Exception):
@@ -207,8 +207,8 @@ def _registry_mode(args: argparse.Namespace) -> bool:
 
 
 def _fingerprint(source: str) -> int:
-    from kvfence.note import NoteError, Verifier
-    from kvfence.receipt import KeySet, ReceiptError, fingerprint
+    from kvfence.receipts.note import NoteError, Verifier
+    from kvfence.receipts.receipt import KeySet, ReceiptError, fingerprint
 
     try:
         if os.path.exists(source):

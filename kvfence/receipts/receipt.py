@@ -20,8 +20,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from kvfence.jcs import CanonicalError, canonical
-from kvfence.note import NoteError, Verifier
+from kvfence.receipts.jcs import CanonicalError, canonical
+from kvfence.receipts.note import NoteError, Verifier
 
 API_VERSION: Final = "aci/1"
 KEYSET_VERSION: Final = 1

@@ -15,9 +15,9 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvfence.checkpoint import Checkpoint, ConsistencyProof, FormatError
-from kvfence.merkle import ProofError, verify_consistency
-from kvfence.note import COSIGNATURE, NoteError, Signer, Verifier, open_note, split_note
+from kvfence.receipts.checkpoint import Checkpoint, ConsistencyProof, FormatError
+from kvfence.receipts.merkle import ProofError, verify_consistency
+from kvfence.receipts.note import COSIGNATURE, NoteError, Signer, Verifier, open_note, split_note
 
 
 class WitnessError(Exception):

@@ -17,10 +17,10 @@ from typing import Any
 
 import orjson
 
-from kvfence.checkpoint import Checkpoint, FormatError, InclusionProof
-from kvfence.merkle import ProofError, leaf_hash, verify_inclusion
-from kvfence.note import NoteError, Verifier, open_note, signed_by
-from kvfence.receipt import (
+from kvfence.receipts.checkpoint import Checkpoint, FormatError, InclusionProof
+from kvfence.receipts.merkle import ProofError, leaf_hash, verify_inclusion
+from kvfence.receipts.note import NoteError, Verifier, open_note, signed_by
+from kvfence.receipts.receipt import (
     AUDIT_LOG,
     CACHE_SCOPE,
     RECEIVED,

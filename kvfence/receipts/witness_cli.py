@@ -25,11 +25,11 @@ from pathlib import Path
 
 import orjson
 
-from kvfence.checkpoint import ConsistencyProof, FormatError
-from kvfence.keyfile import KeyFileError, generate_key, load_private_key, write_private_key
-from kvfence.note import COSIGNATURE, NoteError, Signer, Verifier
-from kvfence.secrets import SecretError, from_file
-from kvfence.witness import WitnessError, WitnessState, cosign
+from kvfence.keys.keyfile import KeyFileError, generate_key, load_private_key, write_private_key
+from kvfence.keys.secrets import SecretError, from_file
+from kvfence.receipts.checkpoint import ConsistencyProof, FormatError
+from kvfence.receipts.note import COSIGNATURE, NoteError, Signer, Verifier
+from kvfence.receipts.witness import WitnessError, WitnessState, cosign
 
 OK, REFUSED, UNUSABLE = 0, 1, 2
 TIMEOUT_S = 30.0
