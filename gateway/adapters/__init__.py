@@ -1,1 +1,1 @@
-"""Adapters: how each backend kind takes a namespace (see `registry.ADAPTERS`)."""
+"""Adapters: how each backend kind takes a namespace (see `kinds.ADAPTERS`)."""

@@ -1,4 +1,4 @@
-"""The adapter contract: one class per backend kind, registered in `registry.ADAPTERS`.
+"""The adapter contract: one class per backend kind, registered in `kinds.ADAPTERS`.
 
 Invariant: `inject` runs after every client-supplied cache-scoping input was removed, and it is
 the only code that writes a scoping field into an upstream request.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.adapters.registry import ADAPTERS
+from gateway.adapters.kinds import ADAPTERS
 from gateway.inputs.kinds import extra_field_problem
 from gateway.policy.backend_model import (
     AuditMode,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from gateway.adapters.registry import ADAPTERS
+from gateway.adapters.kinds import ADAPTERS
 from gateway.policy.backend_model import Backend
 from gateway.policy.model import Policy
 from gateway.policy.tenant_model import PublicPrefix

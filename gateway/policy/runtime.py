@@ -19,8 +19,8 @@ import aiohttp
 from yarl import URL
 
 from gateway.adapters.base import Adapter
+from gateway.adapters.kinds import ADAPTERS
 from gateway.adapters.kvfence import KvfenceAdapter
-from gateway.adapters.registry import ADAPTERS
 from gateway.inputs.paths import PROXIED_PATHS
 from gateway.policy.backend_model import Backend, ModelSpec
 from gateway.policy.model import Policy

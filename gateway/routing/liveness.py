@@ -24,7 +24,7 @@ from aiohttp import web
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.adapters.registry import ADAPTERS
+from gateway.adapters.kinds import ADAPTERS
 from gateway.audit.sink import AUDIT_SINK
 from gateway.errors import NotReady
 from gateway.fleet.limiter import LIMITER
