@@ -164,6 +164,22 @@ def is_plain_error(body: bytes) -> bool:
     return all(v is None or isinstance(v, str | int) for v in data["error"].values())
 
 
+def verdict_fields(
+    answer: Answer, judgement: Judgement, status: int, reason: str | None
+) -> dict[str, Any]:
+    """The verdict as an audit record and a receipt both state it, written only here: `status`
+    is what the client got, `reason` why it is not the backend's answer (a local error code)."""
+    return {
+        "verdict": judgement.verdict.value,
+        "blocked": judgement.blocked,
+        "status": status,
+        "upstream_status": answer.status,
+        "reason": reason,
+        "prompt_tokens": answer.prompt_tokens,
+        "cached_tokens": answer.cached_tokens,
+    }
+
+
 def record(
     ctx: AuditContext,
     answer: Answer,
@@ -189,13 +205,7 @@ def record(
         "backend": ctx.backend.name,
         "model": ctx.model,
         "namespace": namespace_label(ctx.namespace),
-        "verdict": judgement.verdict.value,
-        "blocked": judgement.blocked,
-        "status": status,
-        "upstream_status": answer.status,
-        "reason": reason,
-        "prompt_tokens": answer.prompt_tokens,
-        "cached_tokens": answer.cached_tokens,
+        **verdict_fields(answer, judgement, status, reason),
         "markers": answer.markers,
         "attestation": att.digest if att is not None else None,
         "foreign_namespaces": sorted(namespace_label(n) for n in foreign),

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.audit.judge import Answer, AuditContext, Judgement
+from gateway.audit.judge import Answer, AuditContext, Judgement, verdict_fields
 from gateway.receipts.evidence import evidence
 from gateway.receipts.store import new_id
 from gateway.state import (
@@ -103,13 +103,7 @@ class Draft:
             self._scope(ctx),
             {
                 "type": VERDICT,
-                "verdict": judgement.verdict.value,
-                "blocked": judgement.blocked,
-                "status": status,
-                "upstream_status": answer.status,
-                "reason": reason,
-                "prompt_tokens": answer.prompt_tokens,
-                "cached_tokens": answer.cached_tokens,
+                **verdict_fields(answer, judgement, status, reason),
                 "evidence": evidence(ctx, answer, judgement, self.prefixes),
             },
             {"type": RETURNED, "cleartext_hash": wire, "wire_hash": wire},
