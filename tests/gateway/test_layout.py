@@ -109,3 +109,12 @@ def test_every_upward_import_form_is_caught() -> None:
 def test_the_top_level_holds_composition_and_core_only() -> None:
     top = sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "__init__")
     assert len(top) <= TOP_LEVEL_MAX, top
+
+
+def test_the_gateway_never_imports_the_backend() -> None:
+    """The two sides share only `kvfence` (tests/kvfence/test_layout.py holds its own rules)."""
+    found = []
+    for module, path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            found += [t for t in imported(module, node) if t.split(".")[0] == "backend"]
+    assert found == []
