@@ -152,8 +152,7 @@ async def exchange_from_bytes(
             run.sent += exchange.events(chunk)
         run.sent += await exchange.end()
     except GatewayError as error:
-        run.error = error
-        await exchange.fail(error)
+        run.error = await exchange.fail(error)
     return run
 
 
