@@ -114,8 +114,9 @@ class Exchange:
 
     async def end(self) -> bytes:
         """The stream ended: the whole answer judged (with its usage and the detective's check)
-        and settled. Returns what was held back, `[DONE]` last; raises the GatewayError that
-        ends the stream instead (cut short, withheld, its record or its receipt lost)."""
+        and settled. Returns what was held back, its ending event (`[DONE]`) last; raises the
+        GatewayError that ends the stream instead (cut short, withheld, its record or its
+        receipt lost)."""
         answer, usage = self.answer, self._usage
         rest = self._relay(self._pipe.tail()) + self._pipe.flush()
         answer.late_attestations = self._attestation.late
