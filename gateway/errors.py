@@ -12,7 +12,8 @@ GatewayError
 ├── MethodNotAllowed (405, edge), RequestTimeout (408), BodyTooLarge (413)
 ├── RateLimited (429): BudgetExceeded
 ├── UnsupportedEncoding (415), NotSupported (501), VersionNotSupported (505, edge)
-├── UpstreamUnavailable, AttestationRefused, AuditWriteFailed, AnswerTooLarge, HandleRefused (502)
+├── UpstreamUnavailable, AttestationRefused, AnswerTooLarge, HandleRefused (502)
+├── AuditWriteFailed (502): ReceiptUnavailable
 ├── Overloaded, BackendQuarantined, SharedStateUnavailable, ControlUnavailable, NotReady (503)
 └── UpstreamTimeout (504)
 
@@ -216,6 +217,13 @@ class AuditWriteFailed(GatewayError):
     """The answer's audit record could not be written, so the answer fails closed."""
 
     status, type, code = 502, "server_error", "audit_write_failed"
+
+
+class ReceiptUnavailable(AuditWriteFailed):
+    """A stream's receipt, whose id its head already carried, could not be stored: the stream
+    ends with this instead of `[DONE]`, and its message names the id that does not exist."""
+
+    code = "receipt_unavailable"
 
 
 class HandleRefused(GatewayError):

@@ -29,7 +29,13 @@ from gateway.audit.events import strip_body
 from gateway.audit.judge import UNATTESTED, Answer, is_plain_error, judge
 from gateway.audit.replies import Opened, Plain, Withheld, cut, headers
 from gateway.audit.usage import parse_usage
-from gateway.errors import AuditWriteFailed, GatewayError, HandleRefused, UpstreamUnavailable
+from gateway.errors import (
+    AuditWriteFailed,
+    GatewayError,
+    HandleRefused,
+    ReceiptUnavailable,
+    UpstreamUnavailable,
+)
 from gateway.verify.detective import Observation
 
 # A stream's events pass these steps in this order (`gateway.audit.answer.step`).
@@ -108,8 +114,9 @@ class Exchange:
 
     async def end(self) -> bytes:
         """The stream ended: the whole answer judged (with its usage and the detective's check)
-        and settled. Returns what was held back, `[DONE]` last; raises the GatewayError that
-        ends the stream instead (cut short, withheld, or its record lost)."""
+        and settled. Returns what was held back, its ending event (`[DONE]`) last; raises the
+        GatewayError that ends the stream instead (cut short, withheld, its record or its
+        receipt lost)."""
         answer, usage = self.answer, self._usage
         rest = self._relay(self._pipe.tail()) + self._pipe.flush()
         answer.late_attestations = self._attestation.late
@@ -124,13 +131,15 @@ class Exchange:
             raise cut(self.judgement)
         self._estimate(sent=True)
         rest = self._sent(rest)
-        await self._settle()  # AuditWriteFailed: it ends the stream
+        await self._settle()  # AuditWriteFailed (ReceiptUnavailable): it ends the stream
         return rest
 
-    async def fail(self, error: GatewayError) -> None:
-        """It ends with `error`: settled (once) with the judgement so far and the error."""
+    async def fail(self, error: GatewayError) -> GatewayError:
+        """It ends with `error`: settled (once) with the judgement so far and the error. Returns
+        the error a begun stream ends with: `error`, or ReceiptUnavailable when the receipt its
+        head named could not be stored."""
         if self.answer.settled:
-            return
+            return error
         if self._streamed:
             fields = {"rid": self._ctx.audit.request_id, "error": error.code}
             log.warning("stream cut", extra=fields | {"cause": error.cause or "-"})
@@ -140,8 +149,13 @@ class Exchange:
         elif self._ctx.receipt is not None:
             self._ctx.receipt.replace(errors.error_body(error))  # the error the client gets instead
         self._estimate(sent=bool(self.answer.status))
-        with contextlib.suppress(AuditWriteFailed):  # logged and counted by the ledger
+        try:
             await self._settle(error.status, error.code)
+        except ReceiptUnavailable as unstored:  # the client holds its id: it hears this instead
+            return unstored
+        except AuditWriteFailed:  # logged and counted by the ledger
+            pass
+        return error
 
     async def left(self, reason: str) -> None:
         """The client left (`client_closed`) or stopped reading (`client_stalled`): settled

@@ -1,5 +1,6 @@
 """What an exchange hands its relay to act on: a plain answer to send, a stream to open, the
-local answer that replaces a withheld one, or the error that cuts a stream.
+local answer that replaces a withheld one, or the error that cuts a stream (or ends one whose
+receipt could not be stored).
 
 Invariant: plain values: no relay reads an exchange's attributes back, and none of these holds
 a request or a response object.
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.audit.judge import Judgement
-from gateway.errors import AttestationRefused
+from gateway.errors import AttestationRefused, ReceiptUnavailable
 from gateway.receipts.draft import Draft
 from kvfence.receipts.receipt import RECEIPT_HEADER
 from kvfence.verdict import VERDICT_HEADER
@@ -64,3 +65,10 @@ def cut(judgement: Judgement) -> AttestationRefused:
     """The error that ends a stream its `judgement` withholds the rest of."""
     what = f"its audit verdict is {judgement.verdict.value}"
     return AttestationRefused(f"the rest of the answer was withheld: {what}")
+
+
+def unstored(receipt_id: str, reason: str | None) -> ReceiptUnavailable:
+    """The error that ends a stream whose head named `receipt_id` when that receipt could not
+    be stored; `reason`: the error the stream was already ending with, if any."""
+    what = f"receipt {receipt_id} ({RECEIPT_HEADER}) could not be stored: this answer has none"
+    return ReceiptUnavailable(what if reason is None else f"{what} (it ended early: {reason})")

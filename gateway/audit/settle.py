@@ -9,8 +9,9 @@ through its `Books`.
 
 Invariant: every request that reached the upstream step is settled exactly once; a stream's
 record is opened before a byte of it reaches the client; a record or a receipt that cannot be
-written raises `AuditWriteFailed`, so the answer fails closed (a stream before its first byte); a
-record never names a receipt that was not stored.
+written raises `AuditWriteFailed`, so the answer fails closed (a stream before its first byte; a
+stream whose head named a receipt that could not be stored with `ReceiptUnavailable`, which names
+it); a record never names a receipt that was not stored.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from aiohttp import web
 
 from gateway.audit.chain.log import Appended, AuditWriteError
 from gateway.audit.judge import Answer, AuditContext, Judgement, record
-from gateway.audit.replies import Withheld, withheld
+from gateway.audit.replies import Withheld, unstored, withheld
 from gateway.audit.sink import AUDIT_SINK
 from gateway.audit.trace import TRACES
-from gateway.errors import AuditWriteFailed, error_body
+from gateway.errors import AuditWriteFailed, ReceiptUnavailable, error_body
 from gateway.fleet.budgeter import BUDGETS
 from gateway.metrics import METRICS, Metrics
 from gateway.policy.model import Policy
@@ -88,7 +89,7 @@ async def settle(
     """Count, log and record the judgement, and issue the answer's receipt. Returns the local
     answer that replaces a withheld response, else None. `status` and `reason` describe a
     failed exchange (the client got that status, or left: 499). Raises AuditWriteFailed when
-    the record or the receipt is lost."""
+    the record or the receipt is lost (ReceiptUnavailable: a stream's head named the receipt)."""
     assert not answer.settled, "an answer is settled once"
     answer.settled = True
     request, ctx, receipt = books.request, books.ctx, books.receipt
@@ -115,17 +116,14 @@ async def settle(
             request, policy, receipt, ctx, (answer, judgement), final_status, reason
         )
     entry = record(ctx, answer, judgement, final_status, reason)
-    if receipt is not None and lost is None:
-        entry["receipt_id"] = receipt.receipt_id
-    elif lost is not None:  # the record says what the client got instead, and why
-        entry.update(receipt_id=None, receipt_error=str(lost), reason="receipt_write_failed")
-        if final_status < 400 and not request.get(STREAM_OPEN, False):
-            entry["status"] = AuditWriteFailed.status  # a stream ends with an error event
+    instead = None
+    if receipt is not None:
+        instead = _name_receipt(request, entry, receipt, lost)
     if judgement.verdict not in _QUIET:
         log.warning("audit verdict", extra={"rid": ctx.request_id, **entry})
-    await _write(request, ctx, entry)
+    await _write(request, ctx, entry, instead=instead)  # the lost receipt is what a client hears
     if lost is not None:
-        _lost(request, ctx, lost)
+        _lost(request, ctx, lost, instead)
     if receipt is not None:
         request[RECEIPT_ID] = receipt.receipt_id
     if ctx.verifier is None and ctx.backend.verify is not None:
@@ -150,6 +148,23 @@ async def _issue(
         )
     except ReceiptWriteError as exc:
         return exc
+    return None
+
+
+def _name_receipt(
+    request: web.Request, entry: dict[str, Any], receipt: Draft, lost: ReceiptWriteError | None
+) -> ReceiptUnavailable | None:
+    """`entry` names the stored receipt, or says why there is none and what the client got
+    instead; returns the error that ends a stream whose head named the receipt that was lost."""
+    if lost is None:
+        entry["receipt_id"] = receipt.receipt_id
+        return None
+    reason = entry["reason"]
+    entry.update(receipt_id=None, receipt_error=str(lost), reason="receipt_write_failed")
+    if request.get(STREAM_OPEN, False):  # 200 went out: it ends with an error event instead
+        return unstored(receipt.receipt_id, reason)
+    if entry["status"] < 400:
+        entry["status"] = AuditWriteFailed.status
     return None
 
 
@@ -189,19 +204,24 @@ async def _write(
     entry: dict[str, Any],
     *,
     written: bool = False,
+    instead: AuditWriteFailed | None = None,
 ) -> Appended | None:
-    """Append `entry`; raises AuditWriteFailed when it is lost."""
+    """Append `entry`; raises AuditWriteFailed (or `instead`) when it is lost."""
     settings = request[RUNTIME].policy.gateway.audit_log
     try:
         return await request.app[AUDIT_SINK].append(settings, entry, written=written)
     except AuditWriteError as exc:
-        _lost(request, ctx, exc)
+        _lost(request, ctx, exc, instead)
 
 
-def _lost(request: web.Request, ctx: AuditContext, exc: Exception) -> NoReturn:
+def _lost(
+    request: web.Request, ctx: AuditContext, exc: Exception, instead: AuditWriteFailed | None = None
+) -> NoReturn:
+    """Log and count a lost record or receipt, and fail the answer with `instead` (a stream
+    whose receipt is lost) or AuditWriteFailed."""
     request.app[METRICS].audit_failures.inc()
     receipt_lost = isinstance(exc, ReceiptWriteError)
     event = "receipt write failed" if receipt_lost else "audit write failed"
     log.error(event, extra={"rid": ctx.request_id, "error": str(exc)})
     lost = "the answer's receipt" if receipt_lost else "the audit record"
-    raise AuditWriteFailed(f"{lost} could not be written") from None
+    raise instead or AuditWriteFailed(f"{lost} could not be written") from None

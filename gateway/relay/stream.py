@@ -71,9 +71,8 @@ async def relay_stream(
             if not chunk:
                 break
         await _send(resp, await exchange.end(), write_s)
-    except GatewayError as error:  # cut short, withheld, or its record lost: no `[DONE]`
-        await exchange.fail(error)
-        await _end_with_error(resp, error)
+    except GatewayError as error:  # cut short, withheld, its record or receipt lost: no `[DONE]`
+        await _end_with_error(resp, await exchange.fail(error))
         return resp
     except ClientStalled:
         await exchange.left("client_stalled")

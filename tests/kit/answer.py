@@ -18,7 +18,7 @@ from gateway.audit.context import AnswerContext
 from gateway.audit.exchange import Exchange
 from gateway.audit.judge import Answer, AuditContext, Judgement
 from gateway.audit.replies import Opened, Withheld, withheld
-from gateway.errors import GatewayError
+from gateway.errors import AuditWriteFailed, GatewayError
 from gateway.inputs.paths import CHAT
 from gateway.inputs.stream_options import EVERYTHING, UsageAsked
 from gateway.policy.backend_model import (
@@ -46,10 +46,12 @@ UPSTREAM_ID = "rid.up"
 
 @dataclass
 class Ledger:
-    """Keeps what the exchange settled; withholds what a blocked judgement withholds."""
+    """Keeps what the exchange settled; withholds what a blocked judgement withholds; `lost`:
+    what settling raises once it kept it (a record or a receipt that could not be stored)."""
 
     opened: list[Judgement] = field(default_factory=list)
     settled: list[tuple[Judgement, int | None, str | None]] = field(default_factory=list)
+    lost: AuditWriteFailed | None = None
 
     async def open(self, answer: Answer, judgement: Judgement) -> None:
         self.opened.append(judgement)
@@ -60,6 +62,8 @@ class Ledger:
         assert not answer.settled, "an answer is settled once"
         answer.settled = True
         self.settled.append((judgement, status, reason))
+        if self.lost is not None:
+            raise self.lost
         return withheld(judgement, "rid", None) if judgement.blocked else None
 
 
@@ -152,8 +156,7 @@ async def exchange_from_bytes(
             run.sent += exchange.events(chunk)
         run.sent += await exchange.end()
     except GatewayError as error:
-        run.error = error
-        await exchange.fail(error)
+        run.error = await exchange.fail(error)
     return run
 
 

@@ -1,9 +1,9 @@
-"""The done step: `data: [DONE]` (the end of a chat or completions stream) is held and goes
-last, once the whole answer is judged; `ended` says whether the protocol's last event came
-(`[DONE]`, or for Responses its `response.completed`, `.incomplete` or `.failed` event).
+"""The done step: the event that ends a stream (`data: [DONE]` for chat and completions, for
+Responses its `response.completed`, `.incomplete` or `.failed` event) is held and goes last,
+once the whole answer is judged; `ended` says whether the protocol's last event came.
 
-Invariant: no `[DONE]` reaches the client before the answer is judged and settled, and nothing
-follows it.
+Invariant: no ending event reaches the client before the answer is judged and settled (its
+receipt stored), and nothing follows it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ class Done:
             self.ended = self.ended or not self._responses
             return Do.HOLD
         if self._responses and b'"response.' in raw and _TERMINAL.search(raw):
+            self._held.append(event)
             self.ended = True
+            return Do.HOLD
         return event
 
     def finish(self) -> list[sse.Event]:

@@ -1,19 +1,23 @@
 """The exchange as a whole, bytes in and bytes out, without aiohttp: the orders that matter
-(marker text split across events, an attestation in a late event, usage before `[DONE]`),
-whatever the framing and wherever the chunks are cut."""
+(marker text split across events, an attestation in a late event, usage before `[DONE]`, no
+ending event before the receipt is stored), whatever the framing and wherever the chunks are
+cut."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from gateway.audit.context import AnswerContext
 from gateway.audit.replies import Withheld
-from gateway.errors import AttestationRefused, UpstreamUnavailable
+from gateway.errors import AttestationRefused, ReceiptUnavailable, UpstreamUnavailable
+from gateway.inputs.paths import RESPONSES
 from gateway.inputs.stream_options import EVERYTHING, UsageAsked
 from kvfence.verdict import Verdict
 from tests.fakes.openai_upstream import CACHED_TOKENS, sse_events, usage_event
-from tests.kit.answer import KEY, attestation_event, context, cuts, exchange_from_bytes
+from tests.kit.answer import KEY, Ledger, attestation_event, context, cuts, exchange_from_bytes
 
 EVENTS = sse_events(include_usage=True)
 STREAM = b"".join(EVENTS)
@@ -94,3 +98,25 @@ async def test_a_stream_cut_before_done_is_an_error_not_an_answer() -> None:
 async def test_the_last_event_without_its_blank_line_still_ends_the_stream() -> None:
     run = await exchange_from_bytes([STREAM.rstrip(b"\n")], context())
     assert run.error is None and run.sent == STREAM.rstrip(b"\n")
+
+
+def losing_its_receipt(ctx: AnswerContext) -> AnswerContext:
+    """`ctx` whose ledger settles, then raises as a lost receipt does."""
+    lost = ReceiptUnavailable("receipt rcpt_1_00 could not be stored")
+    return dataclasses.replace(ctx, ledger=Ledger(lost=lost))
+
+
+async def test_a_stream_whose_receipt_is_lost_gets_no_ending_event() -> None:
+    final = b'event: response.completed\ndata: {"type":"response.completed"}\n\n'
+    text = b'event: response.output_text.delta\ndata: {"delta":"hi"}\n\n'
+    chat, responses = context(), context(path=RESPONSES)
+    for ctx, stream, end in [(chat, STREAM, b"[DONE]"), (responses, text + final, b"completed")]:
+        run = await exchange_from_bytes(cuts(stream, [len(stream) - 5]), losing_its_receipt(ctx))
+        assert isinstance(run.error, ReceiptUnavailable) and end not in run.sent
+        assert run.sent and stream.startswith(run.sent)  # what came before the end went out
+
+
+async def test_a_stream_cut_short_whose_receipt_is_lost_ends_saying_the_receipt_is_lost() -> None:
+    run = await exchange_from_bytes([b"".join(EVENTS[:2])], losing_its_receipt(context()))
+    assert isinstance(run.error, ReceiptUnavailable)  # not the upstream's error it settled with
+    assert run.ledger.settled[0][1:] == (502, "upstream_unavailable")

@@ -97,4 +97,4 @@ def test_done_goes_last_and_says_the_stream_ended() -> None:
     assert step.ended
     responses = Done(context(path=RESPONSES))
     final = b'event: response.completed\r\ndata: {"type":"response.completed"}\r\n\r\n'
-    assert through(responses, [final]) == final and responses.ended
+    assert through(responses, [final, after]) == after + final and responses.ended
