@@ -106,8 +106,7 @@ def vllm_target(args: argparse.Namespace) -> Iterator[Target]:
         vllm_command,
     )
 
-    # The launcher passes --dtype bfloat16; a later --dtype wins.
-    config = VllmConfig(kv_cache_gib=2, extra_args=("--dtype", args.vllm_dtype))
+    config = VllmConfig(kv_cache_gib=2, dtype=args.vllm_dtype)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with server_env(args) as env:

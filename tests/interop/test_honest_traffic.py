@@ -55,9 +55,9 @@ async def test_honest_traffic_never_gets_a_violation(vllm_url: str, tmp_path: Pa
     kept = tmp_path / "policy.yaml"
     kept.write_text(policy(vllm_url, tmp_path / "state", port, admin, max_age=0))
     with gateway_process(kept, url, env=ENV):
-        first = await run(work, url, 240)
+        first = await run(work, url, 120)
     with gateway_process(kept, url, env=ENV):  # restarted: the history stays on disk
-        second = await run(work, url, 120)
+        second = await run(work, url, 60)
         health = await status(admin)
     for tally in (first, second):
         clean(tally, kept.with_suffix(".log"))
