@@ -14,14 +14,13 @@ from gateway.audit.context import AnswerContext
 from gateway.audit.replies import Withheld
 from gateway.errors import AttestationRefused, ReceiptUnavailable, UpstreamUnavailable
 from gateway.inputs.paths import RESPONSES
-from gateway.inputs.stream_options import EVERYTHING, UsageAsked
 from kvfence.verdict import Verdict
 from tests.fakes.openai_upstream import CACHED_TOKENS, sse_events, usage_event
 from tests.kit.answer import KEY, Ledger, attestation_event, context, cuts, exchange_from_bytes
 
 EVENTS = sse_events(include_usage=True)
 STREAM = b"".join(EVENTS)
-UNASKED = UsageAsked(end=False, chunks=True)
+PLAIN = b"".join(sse_events(include_usage=False))  # what a client that did not ask gets
 
 
 def crlf(data: bytes) -> bytes:
@@ -29,13 +28,13 @@ def crlf(data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("frame", [lambda b: b, crlf], ids=["lf", "crlf"])
-async def test_a_stream_passes_with_its_usage_read_and_the_unasked_usage_event_dropped(
+async def test_a_stream_passes_with_its_usage_read_and_the_unasked_usage_taken_out(
     frame: object,
 ) -> None:
     stream = frame(STREAM)  # type: ignore[operator]
-    expected = frame(b"".join(EVENTS[:-2] + EVENTS[-1:]))  # type: ignore[operator]
+    expected = frame(PLAIN)  # type: ignore[operator]
     for cut in range(0, len(stream) + 1, 7):
-        run = await exchange_from_bytes(cuts(stream, [cut]), context(asked=UNASKED))
+        run = await exchange_from_bytes(cuts(stream, [cut]), context(usage_asked=False))
         assert run.sent == expected and run.error is None
         assert (run.answer.prompt_tokens, run.answer.cached_tokens) == (12, CACHED_TOKENS)
         [(judgement, status, reason)] = run.ledger.settled
@@ -43,12 +42,12 @@ async def test_a_stream_passes_with_its_usage_read_and_the_unasked_usage_event_d
 
 
 async def test_a_client_that_asked_gets_upstreams_bytes() -> None:
-    run = await exchange_from_bytes(cuts(crlf(STREAM), [5, 90]), context(asked=EVERYTHING))
+    run = await exchange_from_bytes(cuts(crlf(STREAM), [5, 90]), context(usage_asked=True))
     assert run.sent == crlf(STREAM)
 
 
 async def test_usage_held_for_the_detective_goes_before_done(tmp_path: Path) -> None:
-    ctx = context("watched", asked=EVERYTHING, history=tmp_path / "h.bin")
+    ctx = context("watched", usage_asked=True, history=tmp_path / "h.bin")
     run = await exchange_from_bytes(cuts(STREAM, [40, 200]), ctx)
     assert run.sent == STREAM  # held until judged, then in upstream's order, `[DONE]` last
     assert run.answer.total_tokens == 15
@@ -76,7 +75,7 @@ async def test_an_attestation_in_a_late_event_withholds_the_rest() -> None:
 
 async def test_an_attested_stream_loses_its_attestation_and_is_judged_clean() -> None:
     stream = b"".join(sse_events(include_usage=False)[:-1]) + usage_event(3) + EVENTS[-1]
-    run = await exchange_from_bytes(cuts(crlf(stream), [33]), context("kvfence", asked=UNASKED),
+    run = await exchange_from_bytes(cuts(crlf(stream), [33]), context("kvfence", usage_asked=False),
                                     first=attestation_event(cached=CACHED_TOKENS))  # fmt: skip
     assert b"kvfence" not in run.sent and run.sent.endswith(b"data: [DONE]\r\n\r\n")
     assert run.ledger.opened and run.ledger.settled[0][0].verdict is Verdict.CLEAN
