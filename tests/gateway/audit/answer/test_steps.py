@@ -7,6 +7,7 @@ import orjson
 from gateway.audit import sse
 from gateway.audit.answer.attestation import Attestation
 from gateway.audit.answer.done import Done
+from gateway.audit.answer.fingerprint import Fingerprint
 from gateway.audit.answer.markers import Markers
 from gateway.audit.answer.step import Do
 from gateway.audit.answer.usage import Usage
@@ -130,3 +131,49 @@ def test_done_goes_last_and_says_the_stream_ended() -> None:
     responses = Done(context(path=RESPONSES))
     final = b'event: response.completed\r\ndata: {"type":"response.completed"}\r\n\r\n'
     assert through(responses, [final, after]) == after + final and responses.ended
+
+
+FP = b'"system_fingerprint":"vllm-0.32.0-ed28fcd3"'
+
+
+def finish(index: int, fingerprint: bool = False) -> bytes:
+    """vLLM's finish chunk for choice `index`: with the fingerprint when sent direct."""
+    body = b'{"id":"cmpl-1","choices":[{"index":%d,"text":"!","finish_reason":"length"}]' % index
+    return b"data: " + body + (b"," + FP if fingerprint else b"") + b"}\n\n"
+
+
+USAGE_ONLY = b'data: {"id":"cmpl-1","choices":[],"usage":{"total_tokens":6},' + FP + b"}\n\n"
+
+
+def test_the_fingerprint_goes_back_on_the_finish_chunks_vllm_would_have_put_it_on() -> None:
+    step = Fingerprint(context(usage_asked=False))
+    text = chunk("a")
+    assert step.see(sse.parse(text)) == sse.parse(text)  # not a finish chunk: passes at once
+    assert step.see(sse.parse(finish(0))) is Do.HOLD
+    assert step.see(sse.parse(finish(1))) is Do.HOLD  # n=2, both done at once
+    passed = step.see(sse.parse(USAGE_ONLY))
+    assert isinstance(passed, tuple)
+    assert [e.raw for e in passed] == [finish(0, True), finish(1, True), USAGE_ONLY]
+    crlf = Fingerprint(context(usage_asked=False))
+    framed = [e.replace(b"\n", b"\r\n") for e in (finish(0), USAGE_ONLY, DONE)]
+    assert through(crlf, framed) == b"".join(
+        e.replace(b"\n", b"\r\n") for e in (finish(0, True), USAGE_ONLY, DONE)
+    )
+
+
+def test_a_finish_chunk_waits_for_one_event_only() -> None:
+    step = Fingerprint(context(usage_asked=False))
+    later = chunk("b")  # another choice goes on: the finished one goes first, as it came
+    stream = [finish(0), later, finish(1), DONE]
+    assert through(step, stream) == b"".join(stream)
+    ended = Fingerprint(context(usage_asked=False))
+    assert through(ended, [finish(0)]) == finish(0)  # the stream ended: it goes on
+
+
+def test_no_fingerprint_is_moved_for_a_client_that_asked_or_a_chunk_that_has_one() -> None:
+    asked = Fingerprint(context(usage_asked=True))
+    assert asked.see(sse.parse(finish(0))) == sse.parse(finish(0))
+    stamped = Fingerprint(context(usage_asked=False))
+    assert stamped.see(sse.parse(finish(0, True))) == sse.parse(finish(0, True))
+    bare = b'data: {"id":"cmpl-1","choices":[],"usage":{"total_tokens":6}}\n\n'
+    assert through(Fingerprint(context(usage_asked=False)), [finish(0), bare]) == finish(0) + bare
