@@ -63,13 +63,14 @@ class Usage:
 
     def _unasked(self, event: sse.Event) -> Seen:
         """Usage the client did not ask for: read, then dropped (the usage-only event) or taken
-        out of its chunk. A null last key is cut from the bytes: most chunks, not parsed."""
-        raw = event.raw
-        if raw.endswith(_NULL_LAST):
+        out of its chunk. A null last key of a one-line event is cut from its bytes, unparsed."""
+        raw, line = event.raw, event.data
+        if raw.endswith(_NULL_LAST) and raw[:5] == b"data:" and line is not None:
             at = raw.rindex(_NULL_KEY)
-            cut = raw[:at] + raw[at + len(_NULL_KEY) :]
-            if _USAGE not in cut:
-                return sse.parse(cut)
+            if raw.find(b"\n", 0, at) < 0 and raw.find(b"\r", 0, at) < 0:  # one `data:` line
+                rest = line[: -len(_NULL_KEY) - 1] + b"}"
+                if _USAGE not in rest:
+                    return sse.Event(raw[:at] + raw[at + len(_NULL_KEY) :], b"", rest)
         data = event.json()
         if not isinstance(data, dict) or "usage" not in data:
             return event

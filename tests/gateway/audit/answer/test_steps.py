@@ -72,6 +72,8 @@ def test_a_null_usage_key_is_cut_from_the_bytes_of_a_client_that_did_not_ask() -
         step = Usage(context(usage_asked=False))
         assert through(step, [frame(e) for e in EVENTS]) == b"".join(frame(e) for e in plain)
         assert step.cached_tokens == CACHED_TOKENS
+        cut = step.see(sse.parse(frame(EVENTS[0])))
+        assert cut == sse.parse(frame(plain[0]))  # its data too, as the steps after it read it
     asked = Usage(context(usage_asked=True))
     assert through(asked, EVENTS) == b"".join(EVENTS)
 
@@ -81,11 +83,13 @@ def test_usage_in_any_other_form_is_parsed_out() -> None:
     first = b'data: {"usage":null,"choices":[{"index":0,"delta":{"content":"usage"}}]}\n\n'
     token = b'data: {"choices":[{"index":0,"text":"\\"usage\\"","logprobs":{"tokens":["usage"]}}]'
     lone_cr = b'data: {"choices":[],"usage":null}\r\r'
+    named = b'id: 7\r\ndata: {"choices":[],"usage":null}\r\n\r\n'  # not one line
     step = Usage(context(usage_asked=False))
-    out = through(step, [spaced, first, token + b',"usage":null}\n\n', lone_cr])
+    out = through(step, [spaced, first, token + b',"usage":null}\n\n', lone_cr, named])
     assert out == (b'data: {"choices":[{"index":0,"delta":{}}]}\n\n'
                    b'data: {"choices":[{"index":0,"delta":{"content":"usage"}}]}\n\n'
-                   + token + b"}\n\n" + b'data: {"choices":[]}\r\r')  # fmt: skip
+                   + token + b"}\n\n" + b'data: {"choices":[]}\r\r'
+                   + b'id: 7\r\ndata: {"choices":[]}\r\n\r\n')  # fmt: skip
     untouched = b'data: {"choices":[{"index":0,"text":"\\"usage\\":null"}]}\n\n'
     assert through(Usage(context(usage_asked=False)), [untouched]) == untouched
 
