@@ -19,7 +19,6 @@ from gateway.fleet.budgeter import Reservation
 # Re-exported for `gateway.shared`, which takes these app keys from here.
 from gateway.fleet.limiter import LIMITER as LIMITER
 from gateway.fleet.limiter import Admission
-from gateway.inputs.stream_options import UsageAsked
 from gateway.metrics import METRICS as METRICS
 from gateway.policy.registry import KeyInfo
 from gateway.policy.runtime import Route, Runtime
@@ -68,8 +67,9 @@ UPSTREAM_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey(
 )  # filters.adapter
 # The exact bytes sent upstream (a kvfence handle binds their digest).
 UPSTREAM_BODY = web.RequestKey("kvfence_upstream_body", bytes)  # filters.adapter
-# What usage the client asked to see in its stream (the gateway asks for more upstream).
-USAGE_ASKED = web.RequestKey("kvfence_usage_asked", UsageAsked)  # filters.adapter
+# The client asked to see usage in its stream (the gateway asks for it upstream either way);
+# True for every answer the gateway asks nothing extra for.
+USAGE_ASKED = web.RequestKey("kvfence_usage_asked", bool)  # filters.adapter
 ADMITTED = web.RequestKey("kvfence_admitted", bool)  # filters.limit: release at the end
 ADMISSION = web.RequestKey("kvfence_admission", Admission)  # filters.limit: what to release
 # The backends to try, best first (a model with several), and the body before the adapter step,

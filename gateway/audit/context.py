@@ -13,7 +13,6 @@ from typing import Any, Protocol
 from gateway.audit.judge import Answer, AuditContext, Judgement
 from gateway.audit.replies import Withheld
 from gateway.inputs.paths import GENERATES
-from gateway.inputs.stream_options import UsageAsked
 from gateway.receipts.draft import Draft
 from gateway.state import Timing
 from gateway.verify.detective import Detective
@@ -41,7 +40,7 @@ class AnswerContext:
     path: str
     body: dict[str, Any]  # the request as scoped (the detective's prompt, the watch's shape)
     sent_bytes: int  # the size of the body forwarded (what an answer without usage is charged)
-    asked: UsageAsked
+    usage_asked: bool  # the client gets usage (`gateway.inputs.stream_options`)
     markers: MarkerKey | None
     detective: Detective
     watch: Watch

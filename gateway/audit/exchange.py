@@ -19,6 +19,7 @@ from typing import Final, TypeVar
 from gateway import errors
 from gateway.audit.answer.attestation import Attestation
 from gateway.audit.answer.done import Done
+from gateway.audit.answer.fingerprint import Fingerprint
 from gateway.audit.answer.markers import Markers
 from gateway.audit.answer.pipe import Pipe
 from gateway.audit.answer.step import Step
@@ -39,7 +40,13 @@ from gateway.errors import (
 from gateway.verify.detective import Observation
 
 # A stream's events pass these steps in this order (`gateway.audit.answer.step`).
-ANSWER: Final[tuple[Callable[[AnswerContext], Step], ...]] = (Usage, Attestation, Markers, Done)
+ANSWER: Final[tuple[Callable[[AnswerContext], Step], ...]] = (
+    Fingerprint,
+    Usage,
+    Attestation,
+    Markers,
+    Done,
+)
 log = logging.getLogger("kvfence.gateway.proxy")
 CLIENT_CLOSED: Final = 499  # the status recorded when the client leaves mid-stream
 _LEFT: Final = {

@@ -8,14 +8,12 @@ the backend gets the gateway's own request id, fresh for each attempt (the clien
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from gateway import entropy
 from gateway.inputs import jsonbody
 from gateway.inputs.paths import CHAT, COMPLETIONS, UNCACHED
-from gateway.inputs.stream_options import EVERYTHING, usage_asked
+from gateway.inputs.stream_options import ask_for_usage, usage_asked
 from gateway.metrics import METRICS
 from gateway.policy.tenant_model import Scope
 from gateway.state import (
@@ -31,14 +29,6 @@ from gateway.state import (
 )
 
 
-def _ask_for_usage(body: dict[str, Any]) -> None:
-    """Make a stream end with a usage chunk (what the client asked is read before)."""
-    options = body.get("stream_options")
-    if not isinstance(options, dict):
-        options = body["stream_options"] = {}
-    options["include_usage"] = True
-
-
 async def inject(request: web.Request) -> None:
     route, body = request[ROUTE], request[BODY]
     headers = {"content-type": "application/json", "x-request-id": entropy.token_hex(16)}
@@ -52,9 +42,10 @@ async def inject(request: web.Request) -> None:
         metrics = request.app[METRICS]
         metrics.child(metrics.namespaces_injected, route.backend.name).inc()
     streaming = body.get("stream") is True and request.path in (CHAT, COMPLETIONS)
-    request[USAGE_ASKED] = usage_asked(body) if streaming else EVERYTHING
+    # The gateway asks for nothing extra in any other answer: what usage it has, the client gets.
+    request[USAGE_ASKED] = usage_asked(body) if streaming else True
     if streaming:
-        _ask_for_usage(body)
+        ask_for_usage(body)
     data = jsonbody.dumps(body)
     tenant = request[TENANT]
     share = request[RUNTIME].shares.get(tenant.id)

@@ -1,35 +1,29 @@
-"""What usage a client asked to see in its stream (`stream_options`), read before the gateway
-forces `include_usage` upstream for its own accounting.
+"""Whether a client asked to see usage in its stream (`stream_options.include_usage`), and the
+stream options sent upstream, where the gateway asks for usage for its own accounting.
 
-Invariant: read from the body as the client sent it; `EVERYTHING` for any answer the gateway
-asked nothing extra for (a plain answer, a Responses stream, a client that asked itself).
+Invariant: read from the body as the client sent it, before the gateway asks for usage; a client
+that did not ask gets the stream it would get direct: no usage, at the end or in a chunk
+(`gateway.audit.answer.usage`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
-class UsageAsked:
-    """`end`: the client gets the usage-only event that ends a chat/completions stream;
-    `chunks`: it gets the `usage` objects of chunks that carry choices (vLLM's
-    `continuous_usage_stats`, which only the gateway's `include_usage` would turn on)."""
-
-    end: bool
-    chunks: bool
+def usage_asked(body: dict[str, Any]) -> bool:
+    """A streamed chat/completions request asked for usage, as the client sent it."""
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
 
 
-EVERYTHING: Final = UsageAsked(end=True, chunks=True)
-
-
-def usage_asked(body: dict[str, Any]) -> UsageAsked:
-    """A streamed chat/completions request's `stream_options` as the client sent them."""
+def ask_for_usage(body: dict[str, Any]) -> None:
+    """Make a stream end with a usage chunk. vLLM reads `continuous_usage_stats` only with
+    `include_usage`, so for a client that did not ask it is not sent on: the gateway's own
+    `include_usage` would turn it on."""
     options = body.get("stream_options")
     if not isinstance(options, dict):
-        return UsageAsked(end=False, chunks=True)
-    if options.get("include_usage") is True:
-        return EVERYTHING
-    # Without `include_usage` the backend sends no per-chunk usage, whatever else was asked.
-    return UsageAsked(end=False, chunks=options.get("continuous_usage_stats") is not True)
+        options = body["stream_options"] = {}
+    elif options.get("include_usage") is not True:
+        options.pop("continuous_usage_stats", None)
+    options["include_usage"] = True

@@ -15,7 +15,6 @@ from aiohttp import web
 from gateway.audit.context import AnswerContext
 from gateway.audit.judge import AuditContext
 from gateway.audit.settle import Books
-from gateway.inputs.stream_options import EVERYTHING
 from gateway.receipts import draft as receipts
 from gateway.state import (
     BODY,
@@ -58,7 +57,7 @@ def context_of(request: web.Request) -> AnswerContext:
         path=request.path,
         body=request[BODY],
         sent_bytes=len(request[UPSTREAM_BODY]),
-        asked=request.get(USAGE_ASKED, EVERYTHING),
+        usage_asked=request.get(USAGE_ASKED, True),
         markers=verification.markers,
         detective=verification.detective,
         watch=request.app[WATCH],

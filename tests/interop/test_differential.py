@@ -38,11 +38,6 @@ PEPPER = "differential-pepper-0123456789"
 CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 MSG = [{"role": "user", "content": "Name a colour of the sky."}]
 GREEDY = {"model": SERVED_MODEL, "temperature": 0, "max_tokens": 4}
-# Stream options the other half of this work changes (usage the gateway asks for itself):
-STREAM_USAGE_PENDING = (
-    "the gateway asks for usage itself: the stream_options rework (usage never reaching a client "
-    "that did not ask, per chunk or at the end) is not merged yet"
-)
 
 
 @dataclass
@@ -252,22 +247,11 @@ OPTIONS: list[dict[str, Any] | None] = [
 ]
 
 
-def _pending(options: dict[str, Any] | None) -> bool:
-    """Options without `include_usage: true`: the gateway asks for usage itself, and its chunks
-    carry `usage` (null, or per chunk with `continuous_usage_stats`) the client did not ask for."""
-    return not (options or {}).get("include_usage")
-
-
+# Without `include_usage: true` the gateway still asks for usage upstream (its accounting), yet
+# the client gets what vLLM sends it direct: no usage, and the fingerprint on the finish chunk.
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
 @pytest.mark.parametrize(
-    "options",
-    [
-        pytest.param(o, marks=pytest.mark.xfail(reason=STREAM_USAGE_PENDING, strict=False))
-        if _pending(o)
-        else o
-        for o in OPTIONS
-    ],
-    ids=lambda o: "none" if o is None else orjson.dumps(o).decode(),
+    "options", OPTIONS, ids=lambda o: "none" if o is None else orjson.dumps(o).decode()
 )
 async def test_streams_match(pair: Pair, path: str, options: dict[str, Any] | None) -> None:
     body = chat(stream=True) if path == CHAT else completion(stream=True)
@@ -277,6 +261,7 @@ async def test_streams_match(pair: Pair, path: str, options: dict[str, Any] | No
     assert direct[0] == through[0] == 200
     assert direct[1] == through[1]  # text/event-stream; charset=utf-8, as vLLM sends it
     assert _summary(_events(direct[2])) == _summary(_events(through[2]))
+    assert_same(_events(direct[2]), _events(through[2]))  # event by event, key by key
 
 
 async def test_a_plain_answer_keeps_its_charset(pair: Pair) -> None:

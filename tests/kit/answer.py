@@ -20,7 +20,6 @@ from gateway.audit.judge import Answer, AuditContext, Judgement
 from gateway.audit.replies import Opened, Withheld, withheld
 from gateway.errors import AuditWriteFailed, GatewayError
 from gateway.inputs.paths import CHAT
-from gateway.inputs.stream_options import EVERYTHING, UsageAsked
 from gateway.policy.backend_model import (
     AuditMode,
     Backend,
@@ -81,7 +80,7 @@ def context(
     kind: str = "plain",
     *,
     path: str = CHAT,
-    asked: UsageAsked = EVERYTHING,
+    usage_asked: bool = True,
     mode: AuditMode = AuditMode.ENFORCE,
     history: Path | None = None,
     body: dict[str, Any] | None = None,
@@ -98,7 +97,7 @@ def context(
         path=path,
         body=body or {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
         sent_bytes=64,
-        asked=asked,
+        usage_asked=usage_asked,
         markers=KEY,
         detective=Detective(store, b"s" * 32) if store is not None else None,  # type: ignore[arg-type]
         watch=watch,  # type: ignore[arg-type]
@@ -183,8 +182,8 @@ class UsageScanner:
     go on, what it holds (`held`), and the usage it read."""
 
     def __init__(self, drop_usage: bool, hold: bool = False) -> None:
-        asked = UsageAsked(end=not drop_usage, chunks=True)
-        self._step = Usage(context("watched" if hold else "plain", asked=asked))
+        ctx = context("watched" if hold else "plain", usage_asked=not drop_usage)
+        self._step = Usage(ctx)
         self._reader = sse.Reader()
 
     def feed(self, chunk: bytes) -> bytes:

@@ -1,7 +1,7 @@
-"""The usage step: reads the usage any event carries (the last one counts), keeps from the
-client the usage the gateway asked for itself (the usage-only event, or a chunk's `usage`
-object, see `gateway.inputs.stream_options`), and, while the detective judges the answer,
-holds every event from the first that carries usage to `[DONE]`.
+"""The usage step: reads the usage any event carries (the last one counts), keeps from a client
+that did not ask for usage (`gateway.inputs.stream_options`) what the gateway asked for itself:
+the usage-only event, and every chunk's `usage` key (null, or a count), and, while the detective
+judges the answer, holds every event from the first whose usage the client gets to `[DONE]`.
 
 Invariant: an event without `"usage"` in its bytes passes untouched and unparsed; a rewritten
 event differs only in its `data:` line; a client that asked for usage gets upstream's bytes.
@@ -19,13 +19,18 @@ from gateway.audit.context import AnswerContext
 from gateway.audit.usage import cached_tokens, prompt_tokens, total_tokens
 
 _USAGE: Final = b'"usage"'
+_NULL: Final = b'"usage":null'
+# A chunk whose usage is null, as OpenAI and earlier vLLM releases write it: the key last, on
+# one line.
+_NULL_KEY: Final = b',"usage":null'
+_NULL_LAST: Final = (_NULL_KEY + b"}\n\n", _NULL_KEY + b"}\r\n\r\n")
 
 
 class Usage:
     __slots__ = ("_asked", "_held", "_hold", "cached_tokens", "prompt_tokens", "total_tokens")
 
     def __init__(self, ctx: AnswerContext) -> None:
-        self._asked = ctx.asked
+        self._asked = ctx.usage_asked
         self._hold = ctx.observed  # a withheld answer's cached-token count never gets out
         self._held: list[sse.Event] | None = None  # from the first usage event on, when held
         self.prompt_tokens: int | None = None
@@ -38,7 +43,12 @@ class Usage:
                 return event  # the end goes on: what was held goes before it (`done`)
             self._held.append(event)
             return Do.HOLD
-        if _USAGE not in event.raw or b'"usage":null' in event.raw:
+        raw = event.raw
+        if _USAGE not in raw:
+            return event
+        if not self._asked:
+            return self._unasked(event)
+        if _NULL in raw:
             return event
         data = event.json()
         if not isinstance(data, dict):
@@ -46,16 +56,30 @@ class Usage:
         if data.get("type") == "response.completed" and isinstance(data.get("response"), dict):
             self._record(data["response"].get("usage"))
             return self._keep(event)
-        choices, usage = data.get("choices"), data.get("usage")
-        if not isinstance(choices, list) or not isinstance(usage, dict):
+        if not isinstance(data.get("choices"), list) or not isinstance(data.get("usage"), dict):
             return event
-        self._record(usage)
-        if not choices:
-            return self._keep(event) if self._asked.end else Do.DROP
-        if self._asked.chunks:
-            return self._keep(event)
-        del data["usage"]  # a count the client did not ask for: its chunk goes on without it
-        return sse.parse(sse.with_data(event.raw, orjson.dumps(data)))
+        self._record(data["usage"])
+        return self._keep(event)
+
+    def _unasked(self, event: sse.Event) -> Seen:
+        """Usage the client did not ask for: read, then dropped (the usage-only event) or taken
+        out of its chunk. A null last key of a one-line event is cut from its bytes, unparsed."""
+        raw, line = event.raw, event.data
+        if raw.endswith(_NULL_LAST) and raw[:5] == b"data:" and line is not None:
+            at = raw.rindex(_NULL_KEY)
+            if raw.find(b"\n", 0, at) < 0 and raw.find(b"\r", 0, at) < 0:  # one `data:` line
+                rest = line[: -len(_NULL_KEY) - 1] + b"}"
+                if _USAGE not in rest:
+                    return sse.Event(raw[:at] + raw[at + len(_NULL_KEY) :], b"", rest)
+        data = event.json()
+        if not isinstance(data, dict) or "usage" not in data:
+            return event
+        usage = data.pop("usage")
+        if isinstance(usage, dict):
+            self._record(usage)
+            if data.get("choices") == []:
+                return Do.DROP
+        return sse.parse(sse.with_data(raw, orjson.dumps(data)))
 
     def _keep(self, event: sse.Event) -> Seen:
         if not self._hold:

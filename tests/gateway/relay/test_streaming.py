@@ -27,8 +27,8 @@ async def test_usage_chunk_added_for_audit_and_hidden(gw: Gateway, split: bool) 
     resp = await gw.chat("acme", STREAM)
     got = await resp.read()
     assert gw.upstream.received[-1].json["stream_options"] == {"include_usage": True}
-    events = sse_events(include_usage=True)
-    assert got == b"".join(events[:-2] + events[-1:])  # everything but the usage event
+    # No usage event, and no `"usage":null` in a chunk: the stream the client would get direct.
+    assert got == b"".join(sse_events(include_usage=False))
     assert got.endswith(b"data: [DONE]\n\n")
     metrics = await gw.metrics()
     labels = '{model="smollm2",tenant="acme"}'
@@ -37,6 +37,15 @@ async def test_usage_chunk_added_for_audit_and_hidden(gw: Gateway, split: bool) 
     assert f"kvfence_gateway_completion_tokens_total{labels} 3.0" in metrics
     assert f"kvfence_gateway_time_to_first_token_seconds_count{labels} 1.0" in metrics
     assert f"kvfence_gateway_in_flight{labels} 0.0" in metrics
+
+
+async def test_per_chunk_usage_is_not_asked_for_a_client_that_did_not_ask_for_usage(
+    gw: Gateway,
+) -> None:
+    body = {**STREAM, "stream_options": {"continuous_usage_stats": True}}
+    got = await (await gw.chat("acme", body)).read()
+    assert gw.upstream.received[-1].json["stream_options"] == {"include_usage": True}
+    assert got == b"".join(sse_events(include_usage=False))
 
 
 async def test_upstream_dead_before_response_is_502(gw: Gateway) -> None:
@@ -69,7 +78,7 @@ async def test_upstream_death_mid_stream_ends_with_error_event(gw: Gateway) -> N
             got += chunk
     except aiohttp.ClientPayloadError:
         pass
-    events = sse_events(include_usage=True)
+    events = sse_events(include_usage=False)  # as the client gets them: it asked no usage
     assert got.startswith(events[0] + events[1])
     assert b"event: error\ndata: " in got and b"upstream_unavailable" in got
     assert b"[DONE]" not in got
