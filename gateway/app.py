@@ -27,7 +27,7 @@ from gateway.audit.trace import TRACES, Traces
 from gateway.control.engine import ControlUnavailable as DatabaseDown
 from gateway.control.service import CONTROL, open_control
 from gateway.control.store import Decision
-from gateway.errors import GatewayError, NotFound, Overloaded, error_response
+from gateway.errors import CLIENT_CLOSED, GatewayError, NotFound, Overloaded, error_response
 from gateway.filters.adapter import inject
 from gateway.filters.allowlist import allow_fields
 from gateway.filters.authn import authenticate
@@ -148,7 +148,7 @@ async def frame(
         response.headers.setdefault("x-request-id", rid)
         return response
     except asyncio.CancelledError:
-        status = 499  # the client went away; its upstream request was cancelled with it
+        status = CLIENT_CLOSED  # the client went away; its upstream request was cancelled too
         raise
     except GatewayError as exc:
         status = exc.status

@@ -32,6 +32,8 @@ from aiohttp import web
 
 from kvfence.verdict import VERDICT_HEADER, Verdict
 
+CLIENT_CLOSED = 499  # recorded when the client left before its answer ended (no error is sent)
+
 
 class GatewayError(Exception):
     """A local answer. `message` is shown to the client: never put a key or prompt in it.

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Final, TypeVar
+from typing import Final
 
 from gateway import errors
 from gateway.audit.answer.attestation import Attestation
@@ -30,30 +30,14 @@ from gateway.audit.events import strip_body
 from gateway.audit.judge import UNATTESTED, Answer, is_plain_error, judge
 from gateway.audit.replies import Opened, Plain, Withheld, cut, headers
 from gateway.audit.usage import parse_usage
-from gateway.errors import (
-    AuditWriteFailed,
-    GatewayError,
-    HandleRefused,
-    ReceiptUnavailable,
-    UpstreamUnavailable,
-)
+from gateway.errors import AuditWriteFailed, GatewayError, HandleRefused, ReceiptUnavailable
 from gateway.verify.detective import Observation
 
 # A stream's events pass these steps in this order (`gateway.audit.answer.step`).
 ANSWER: Final[tuple[Callable[[AnswerContext], Step], ...]] = (
-    Fingerprint,
-    Usage,
-    Attestation,
-    Markers,
-    Done,
-)
+    Fingerprint, Usage, Attestation, Markers, Done
+)  # fmt: skip
 log = logging.getLogger("kvfence.gateway.proxy")
-CLIENT_CLOSED: Final = 499  # the status recorded when the client leaves mid-stream
-_LEFT: Final = {
-    "client_closed": "client closed the connection before its answer ended",
-    "client_stalled": "client stopped reading; stream cut",
-}
-_S = TypeVar("_S")
 
 
 class Exchange:
@@ -63,10 +47,9 @@ class Exchange:
     def __init__(self, ctx: AnswerContext) -> None:
         self._ctx, self.answer, self.judgement = ctx, Answer(), UNATTESTED
         self._observation: Observation | None = None
-        steps = tuple(step(ctx) for step in ANSWER)
-        self._usage, self._attestation = _one(steps, Usage), _one(steps, Attestation)
-        self._markers, self._done = _one(steps, Markers), _one(steps, Done)
-        self._pipe = Pipe(steps)
+        self._pipe = pipe = Pipe(tuple(step(ctx) for step in ANSWER))
+        self._usage, self._attestation = pipe.find(Usage), pipe.find(Attestation)
+        self._markers, self._done = pipe.find(Markers), pipe.find(Done)
         self._streamed = self._withheld = False  # a stream's head was read; a judgement cut it
         self._relayed = 0  # stream events handed to the client
 
@@ -98,7 +81,7 @@ class Exchange:
             self._estimate(sent=True)
         if receipt is not None:
             receipt.plain(body, parsed)  # the client gets these bytes unless they are withheld
-        return await self._settle() or Plain(self._headers(), strip_body(body, parsed))
+        return await self._settle() or Plain(self._head(), strip_body(body, parsed))
 
     async def head(self, event: bytes | None) -> Opened | Withheld:
         """A stream's first event (None: it never completed; read only when attested): judged,
@@ -113,7 +96,7 @@ class Exchange:
         if self.judgement.blocked and (withheld := await self._settle()) is not None:
             return withheld
         await self._ctx.ledger.open(self.answer, self.judgement)  # or nothing is sent
-        return Opened(self._headers(), self._sent(self._relay(first, check=False)))
+        return Opened(self._head(), self._sent(self._relay(first, check=False)))
 
     def events(self, chunk: bytes) -> bytes:
         """Upstream bytes in; what the client gets now out (AttestationRefused: cut)."""
@@ -131,7 +114,7 @@ class Exchange:
         answer.total_tokens = usage.total_tokens
         if not self._done.ended:  # whatever the framing claimed, the last event never came
             cause = "the backend's stream ended without its final event (cut short)"
-            raise UpstreamUnavailable(cause)
+            raise errors.UpstreamUnavailable(cause)
         await self._finish()
         self.judgement = judge(self._ctx.audit, answer)  # with the usage and the detective's
         if self.judgement.blocked:
@@ -169,13 +152,18 @@ class Exchange:
         with status 499 and `reason`, even while the handler is being cancelled."""
         if self.answer.settled:
             return
-        log.info(_LEFT[reason], extra={"rid": self._ctx.audit.request_id})
+        stalled = reason == "client_stalled"
+        what = "client stopped reading; stream cut" if stalled else "client closed the connection"
+        log.info(what, extra={"rid": self._ctx.audit.request_id})
         if self._streamed:
             self.answer.prompt_tokens = self._usage.prompt_tokens
             self.answer.cached_tokens = self._usage.cached_tokens
         self._estimate(sent=bool(self._ctx.timing.upstream_sent))
         with contextlib.suppress(AuditWriteFailed):
-            await asyncio.shield(self._settle(CLIENT_CLOSED, reason))
+            await asyncio.shield(self._settle(errors.CLIENT_CLOSED, reason))
+
+    def _head(self) -> dict[str, str]:
+        return headers(self._ctx.audit.request_id, self.judgement, self._ctx.receipt)
 
     async def _settle(self, status: int | None = None, why: str | None = None) -> Withheld | None:
         return await self._ctx.ledger.settle(self.answer, self.judgement, status, why)
@@ -198,9 +186,6 @@ class Exchange:
         self._relayed += out.count(b"data:")
         return out
 
-    def _headers(self) -> dict[str, str]:
-        return headers(self._ctx.audit.request_id, self.judgement, self._ctx.receipt)
-
     def _sent(self, data: bytes) -> bytes:
         if self._ctx.receipt is not None and data:
             self._ctx.receipt.sent(data)
@@ -213,7 +198,3 @@ class Exchange:
     async def _finish(self) -> None:
         self.answer.markers = self._markers.scan.markers
         await judged(self._ctx, self._observation, self.answer, self._markers.scan.text)
-
-
-def _one(steps: tuple[Step, ...], kind: type[_S]) -> _S:
-    return next(step for step in steps if isinstance(step, kind))

@@ -8,8 +8,12 @@ order where that step lets it go; framing is done here and by nothing else on th
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from gateway.audit import sse
 from gateway.audit.answer.step import Do, Step
+
+_S = TypeVar("_S")
 
 
 class Pipe:
@@ -18,6 +22,10 @@ class Pipe:
     def __init__(self, steps: tuple[Step, ...]) -> None:
         self._steps = steps
         self._reader = sse.Reader()
+
+    def find(self, kind: type[_S]) -> _S:
+        """The step of `kind`."""
+        return next(step for step in self._steps if isinstance(step, kind))
 
     def complete(self, chunk: bytes) -> bytes:
         """The events `chunk` completes (with what waited before them), as bytes."""
