@@ -15,7 +15,7 @@ from tests.kit.gateway_process import gateway_process
 from tests.kit.vllm_server import SERVED_MODEL, free_port
 from tests.kit.workload import ENV, KEYS, SCOPES, Tally, Tenant, Workload, policy, run, sentence
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.soak]  # minutes: `scripts/test -m soak`
 NAMESPACES = 2 + 3 + 4  # two tenant-scoped tenants, three users, four sessions (the workload)
 
 

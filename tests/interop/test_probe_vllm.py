@@ -66,6 +66,7 @@ async def gateway_url(vllm_url: str) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
+@pytest.mark.soak  # minutes of timed rounds: `scripts/test -m soak` (CI's tiers leave it out)
 async def test_two_tenants_behind_the_gateway_are_isolated(gateway_url: str) -> None:
     a, b = Identity("A", key=KEYS["alpha"]), Identity("B", key=KEYS["beta"])
     result = await probe(Endpoint(gateway_url, SERVED_MODEL), a, b, QUICK)
@@ -85,6 +86,7 @@ async def test_a_proxy_dropping_cache_salt_is_shared_by_the_counter(vllm_url: st
     assert result.rounds == 1
 
 
+@pytest.mark.soak  # minutes of timed rounds: `scripts/test -m soak` (CI's tiers leave it out)
 async def test_without_usage_the_same_proxy_is_shared_by_timing_alone(vllm_url: str) -> None:
     # Timing is the only evidence here. On a loaded host the positive control can fail to show
     # A's own hits, and the probe then rightly says `inconclusive` (never `isolated`): such a

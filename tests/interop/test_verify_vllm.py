@@ -115,6 +115,7 @@ async def test_with_canaries_off_the_detective_still_withholds_an_attributed_hit
         assert not gw.health().quarantined  # only a round or a marker quarantines
 
 
+@pytest.mark.soak  # minutes of timed rounds: `scripts/test -m soak` (CI's tiers leave it out)
 async def test_a_count_that_lies_is_decided_by_timing(vllm_url: str, tmp_path: Path) -> None:
     async with (
         RewritingProxy(vllm_url, zero_cached=True) as proxy,  # drops the salt, reports 0
