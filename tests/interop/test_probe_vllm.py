@@ -102,6 +102,7 @@ async def test_without_usage_the_same_proxy_is_shared_by_timing_alone(vllm_url: 
     assert result.rounds <= QUICK.max_budget  # the sequential test stops within its budget
 
 
+@pytest.mark.soak  # a second vLLM (caching off) and its timed rounds: `scripts/test -m soak`
 async def test_caching_off_is_inconclusive_never_isolated(uncached_vllm_url: str) -> None:
     config = ProbeConfig(letters=260, partial_letters=140, control_rounds=8)
     result = await probe(Endpoint(uncached_vllm_url, SERVED_MODEL), A, B, config)

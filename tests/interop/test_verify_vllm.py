@@ -184,6 +184,7 @@ async def test_two_concurrent_sessions_through_vllm_share_nothing(
         assert secret["globex" if got.tenant == "acme" else "acme"] not in got.text
 
 
+@pytest.mark.soak  # a second vLLM (caching off) and its timed rounds: `scripts/test -m soak`
 async def test_caching_off_is_inconclusive_never_isolated(
     uncached_vllm_url: str, tmp_path: Path
 ) -> None:
