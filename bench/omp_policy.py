@@ -1,0 +1,117 @@
+"""How OpenMP's idle threads wait, side by side in one run: decode tokens/s of the model runner
+at batch 1 and 8 and the CPU its threads burn while the engine has no work, for each wait
+policy, on a quiet host and with a CPU hog on every core beside it.
+
+Each policy runs in its own process (OpenMP reads its settings once, when torch loads):
+`passive` (sleep at once), `spin-N` (spin N rounds, then sleep: GOMP_SPINCOUNT) and `active`
+(spin until work comes). Prints a table and writes bench/results/omp_policy.json.
+
+    .venv/bin/python -m bench.omp_policy [--steps 32] [--runs 3] [--spins 20000,200000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.machine import describe
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = """
+import json, os, resource, statistics, sys, time
+import torch
+from backend.model import load_model
+from backend.runner import ModelRunner
+from bench.runner_speed import BLOCK, decode_rate
+steps, runs = int(sys.argv[1]), int(sys.argv[2])
+torch.set_num_threads(2)
+loaded = load_model("smollm2")
+runner = ModelRunner(loaded, num_blocks=256, block_size=BLOCK)
+out = {"dtype": str(loaded.dtype).removeprefix("torch.")}
+with torch.inference_mode():
+    decode_rate(runner, loaded, 1, 8)
+    for batch in (1, 8):
+        out[f"batch{batch}"] = statistics.median(
+            decode_rate(runner, loaded, batch, steps) for _ in range(runs))
+    decode_rate(runner, loaded, 1, 4)  # work, then nothing: what do the idle threads burn?
+    used = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+    before, start = used(), time.perf_counter()
+    time.sleep(2.0)
+    out["idle_cpu_share"] = (used() - before) / (time.perf_counter() - start)
+print(json.dumps(out))
+"""
+
+
+def policies(spins: list[int]) -> dict[str, dict[str, str]]:
+    out = {"passive": {"OMP_WAIT_POLICY": "PASSIVE"}}
+    for n in spins:
+        out[f"spin-{n}"] = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(n)}
+    out["active"] = {"OMP_WAIT_POLICY": "ACTIVE"}
+    return out
+
+
+def _hog(stop: Any) -> None:
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+def measure(env: dict[str, str], steps: int, runs: int) -> dict[str, Any]:
+    full = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    full |= env | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(steps), str(runs)],
+        env=full, cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--spins", default="20000,200000")
+    parser.add_argument("--out", default=str(ROOT / "bench/results/omp_policy.json"))
+    args = parser.parse_args()
+    chosen = policies([int(n) for n in args.spins.split(",") if n])
+    rows: list[dict[str, Any]] = []
+    for host in ("quiet", "hog"):
+        stop = multiprocessing.Event()
+        hogs = [
+            multiprocessing.Process(target=_hog, args=(stop,)) for _ in range(os.cpu_count() or 1)
+        ]
+        if host == "hog":
+            for h in hogs:
+                h.start()
+        try:
+            for name, env in chosen.items():
+                t0 = time.perf_counter()
+                print(f"  {host:5} {name:12} ...", end="", flush=True, file=sys.stderr)
+                row = {"host": host, "policy": name, "env": env} | measure(
+                    env, args.steps, args.runs
+                )
+                print(f" {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+                rows.append(row)
+        finally:
+            stop.set()
+            for h in hogs:
+                if h.is_alive():
+                    h.join()
+    print(f"{'host':6}{'policy':14}{'batch 1 tok/s':>15}{'batch 8 tok/s':>15}{'idle CPU':>10}")
+    for r in rows:
+        print(f"{r['host']:6}{r['policy']:14}{r['batch1']:15.1f}{r['batch8']:15.1f}"
+              f"{r['idle_cpu_share']:10.0%}")  # fmt: skip
+    report = {"machine": describe(), "steps": args.steps, "runs": args.runs, "rows": rows}
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
