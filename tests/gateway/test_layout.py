@@ -42,10 +42,11 @@ def layer(module: str) -> int | None:
     return None
 
 
-def modules() -> list[tuple[str, Path]]:
+def modules(root: Path = ROOT) -> list[tuple[str, Path]]:
+    """Every module under package folder `root`, by its dotted name."""
     found = []
-    for path in sorted(ROOT.rglob("*.py")):
-        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
         found.append((".".join(parts), path))

@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 import kvfence
-from tests.gateway.test_layout import imported
+from tests.gateway.test_layout import imported, modules
 
 ROOT = Path(kvfence.__file__).parent
 BACKEND = ROOT.parent / "backend"
@@ -32,16 +32,6 @@ def layer(module: str) -> int | None:
     if parts[0] in LAYERS:
         return LAYERS.index(parts[0])
     return LAYERS.index("")
-
-
-def modules(root: Path) -> list[tuple[str, Path]]:
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root.parent).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        found.append((".".join(parts), path))
-    return found
 
 
 def imports(module: str, source: str) -> list[tuple[str, bool]]:
