@@ -1,6 +1,6 @@
-"""Reading an upstream answer: what arrived, with a deadline (the answer's `Watch`) only when
-something must be waited for; a plain answer whole (it is judged before its first byte is sent),
-and a stream's first event (where our backend puts its attestation).
+"""Reading an upstream answer: what arrived, within a deadline (the answer's `Watch`); a plain
+answer whole (it is judged before its first byte is sent), and a stream's first event (where
+our backend puts its attestation).
 
 Invariant: no read waits longer than the idle deadline it is given; a failed read is an
 UpstreamTimeout or UpstreamUnavailable that names how it failed.
@@ -22,13 +22,10 @@ MAX_FIRST_EVENT: Final = 64 * 1024  # the attestation event is a few hundred byt
 
 async def read_chunk(upstream: aiohttp.ClientResponse, watch: Watch, idle_s: float) -> bytes:
     """What arrived since the last read (b"" at the end); waits at most `idle_s` for more.
-    Data already buffered, or the end, is taken without arming a deadline (nothing waits)."""
-    content = upstream.content
-    data = content.read_nowait()
-    if data or content.is_eof():
-        return data
+    Arming the watch sets no timer (see `Watch`), so data already buffered costs no check of
+    its own: `readany` takes it without waiting."""
     with watch.within(idle_s):
-        return await content.readany()
+        return await upstream.content.readany()
 
 
 async def first_event_of(
