@@ -213,6 +213,15 @@ def upstream(core: int, nice: int = 0) -> contextlib.AbstractContextManager[Serv
     return _announcing(cmd, (core, nice), "the fake upstream")
 
 
+def paced_upstream(
+    core: int, tokens: int, gap_ms: float, nice: int = 0
+) -> contextlib.AbstractContextManager[Server]:
+    """The token-paced fake upstream (bench.gateway.paced_upstream) on `core`."""
+    cmd = [sys.executable, "-m", "bench.gateway.paced_upstream", "--port", "0"]
+    cmd += ["--tokens", str(tokens), "--gap-ms", f"{gap_ms:g}"]
+    return _announcing(cmd, (core, nice), "the paced upstream")
+
+
 def floor(url: str, core: int | None, nice: int = 0) -> contextlib.AbstractContextManager[Server]:
     """The bare aiohttp relay (bench.gateway.floor) in front of `url`, on `core`."""
     cmd = [sys.executable, "-m", "bench.gateway.floor", "--upstream", url]

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import uvloop
@@ -55,6 +55,7 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("asyncio/timeouts.py", "asyncio.timeout"),
     ("gateway/filters/", "gateway filters (authn, body, route, scrub, namespace, adapter)"),
     ("gateway/audit", "gateway audit"),
+    ("gateway/relay/", "gateway relay"),
     ("gateway/", "gateway app and proxy code"),
     ("aiohttp/client", "aiohttp client (the upstream request)"),
     ("aiohttp/connector.py", "aiohttp client (the upstream request)"),
@@ -88,6 +89,40 @@ def _print_top(title: str, counts: Counter[str], total: int, top: int) -> None:
         print(f"{100 * n / total:6.1f}%  {name}")
 
 
+@contextlib.contextmanager
+def recording(pid: int, seconds: float, spy_args: Sequence[str] = ()) -> Iterator[list[str]]:
+    """py-spy samples `pid` for `seconds` from the block's start; once the block and the
+    sampling are done, the list it yields holds the collapsed stacks (empty if none came)."""
+    spy = Path(sys.executable).parent / "py-spy"
+    stacks: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "stacks.txt"
+        # --native must pause the process to unwind C frames; otherwise sample without pausing.
+        pause = [] if "--native" in spy_args else ["--nonblocking"]
+        cmd = [str(spy), "record", "--pid", str(pid), "--rate", "400", *pause, *spy_args]
+        cmd += ["--format", "raw", "--output", str(out), "--duration", str(int(seconds))]
+        # The sampler runs beside the client, off the gateway's core.
+        pin = functools.partial(os.sched_setaffinity, 0, {0})
+        with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, preexec_fn=pin) as recorder:
+            yield stacks
+            recorder.wait()
+        if out.exists():
+            stacks.append(out.read_text())
+
+
+def report(collapsed: str, top: int) -> dict[str, object]:
+    """Prints the top functions (self and inclusive) and the layers; returns their shares."""
+    own, inclusive, total = shares(collapsed)
+    by_layer, _ = layers(collapsed)
+    tables = {"self time": own, "inclusive time": inclusive, "by layer": by_layer}
+    for title, counts in tables.items():
+        _print_top(title, counts, total, top if title != "by layer" else len(LAYERS) + 1)
+    return {"samples": total} | {
+        title: [(name, n / total) for name, n in counts.most_common(top)] if total else []
+        for title, counts in tables.items()
+    }
+
+
 async def _drive(bench: Bench, scenario: str, rate: float, seconds: float) -> None:
     point = await bench.measure(scenarios()[scenario], "gateway", rate, seconds)
     print(row(point, None))
@@ -104,36 +139,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spy-arg", action="append", default=[], help="extra py-spy option")
     parser.add_argument("--nice", type=int, default=0, help="niceness of the servers (root)")
     args = parser.parse_args(argv)
-    spy = Path(sys.executable).parent / "py-spy"
     with contextlib.ExitStack() as stack:
         tree = stack.enter_context(procs.exported(REPO_ROOT, args.rev)) if args.rev else None
         up = stack.enter_context(procs.upstream(0, args.nice))
         gw, key = stack.enter_context(procs.gateway(up.port, 1, args.nice, tree))
-        tmp = stack.enter_context(tempfile.TemporaryDirectory())
         procs.place(0, args.nice)
         bench = Bench(up, gw, key, args.seconds, 0.5, 1, 0)
         uvloop.run(_drive(bench, args.scenario, 500, 1.0))  # warm-up
-        out = Path(tmp) / "stacks.txt"
-        # --native must pause the process to unwind C frames; otherwise sample without pausing.
-        pause = [] if "--native" in args.spy_arg else ["--nonblocking"]
-        cmd = [str(spy), "record", "--pid", str(gw.pid), "--rate", "400", *pause, *args.spy_arg]
-        cmd += ["--format", "raw", "--output", str(out), "--duration", str(int(args.seconds))]
-        # The sampler runs beside the client, off the gateway's core.
-        pin = functools.partial(os.sched_setaffinity, 0, {0})
-        with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, preexec_fn=pin) as recorder:
+        with recording(gw.pid, args.seconds, args.spy_arg) as stacks:
             uvloop.run(_drive(bench, args.scenario, args.rate, args.seconds))
-            recorder.wait()
-        if not out.exists():
-            print(f"py-spy wrote no profile (exit status {recorder.returncode})", file=sys.stderr)
-            return 1
-        collapsed = out.read_text()
+    if not stacks:
+        print("py-spy wrote no profile", file=sys.stderr)
+        return 1
     if args.keep:
-        args.keep.write_text(collapsed)
-    own, inclusive, total = shares(collapsed)
-    _print_top("self time", own, total, args.top)
-    _print_top("inclusive time", inclusive, total, args.top)
-    by_layer, total = layers(collapsed)
-    _print_top("by layer", by_layer, total, len(LAYERS) + 1)
+        args.keep.write_text(stacks[0])
+    report(stacks[0], args.top)
     return 0
 
 

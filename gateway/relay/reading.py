@@ -1,6 +1,6 @@
-"""Reading an upstream answer: what arrived, with a deadline only when something must be
-waited for; a plain answer whole (it is judged before its first byte is sent), and a stream's
-first event (where our backend puts its attestation).
+"""Reading an upstream answer: what arrived, within a deadline (the answer's `Watch`); a plain
+answer whole (it is judged before its first byte is sent), and a stream's first event (where
+our backend puts its attestation).
 
 Invariant: no read waits longer than the idle deadline it is given; a failed read is an
 UpstreamTimeout or UpstreamUnavailable that names how it failed.
@@ -8,7 +8,6 @@ UpstreamTimeout or UpstreamUnavailable that names how it failed.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Final
 
 import aiohttp
@@ -16,23 +15,21 @@ import aiohttp
 from gateway.audit import sse
 from gateway.errors import AnswerTooLarge, UpstreamTimeout, UpstreamUnavailable
 from gateway.relay.failures import describe
+from gateway.relay.watch import Watch
 
 MAX_FIRST_EVENT: Final = 64 * 1024  # the attestation event is a few hundred bytes
 
 
-async def read_chunk(upstream: aiohttp.ClientResponse, idle_s: float) -> bytes:
+async def read_chunk(upstream: aiohttp.ClientResponse, watch: Watch, idle_s: float) -> bytes:
     """What arrived since the last read (b"" at the end); waits at most `idle_s` for more.
-    Data already buffered, or the end, is taken without arming a deadline (nothing waits)."""
-    content = upstream.content
-    data = content.read_nowait()
-    if data or content.is_eof():
-        return data
-    async with asyncio.timeout(idle_s):
-        return await content.readany()
+    Arming the watch sets no timer (see `Watch`), so data already buffered costs no check of
+    its own: `readany` takes it without waiting."""
+    with watch.within(idle_s):
+        return await upstream.content.readany()
 
 
 async def first_event_of(
-    upstream: aiohttp.ClientResponse, idle_s: float
+    upstream: aiohttp.ClientResponse, watch: Watch, idle_s: float
 ) -> tuple[bytes | None, bytes]:
     """The upstream's first SSE event (with its blank line) and what followed it; (None, all)
     if it never completed."""
@@ -42,7 +39,7 @@ async def first_event_of(
             found = sse.first(buf)
             if found is not None:
                 return found
-            chunk = await read_chunk(upstream, idle_s)
+            chunk = await read_chunk(upstream, watch, idle_s)
             if not chunk:
                 break
             buf += chunk
@@ -57,8 +54,9 @@ async def read_all(upstream: aiohttp.ClientResponse, idle_s: float, cap: int) ->
     """The whole plain answer, at most `cap` bytes."""
     parts: list[bytes] = []
     size = 0
+    watch = Watch()
     try:
-        while chunk := await read_chunk(upstream, idle_s):
+        while chunk := await read_chunk(upstream, watch, idle_s):
             size += len(chunk)
             if size > cap:
                 raise AnswerTooLarge(f"the backend's answer is over {cap} bytes")
@@ -69,4 +67,6 @@ async def read_all(upstream: aiohttp.ClientResponse, idle_s: float, cap: int) ->
     except aiohttp.ClientError as exc:
         cause = describe(exc)
         raise UpstreamUnavailable("backend failed while answering", cause=cause) from None
+    finally:
+        watch.close()
     return b"".join(parts)

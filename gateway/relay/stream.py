@@ -27,6 +27,7 @@ from gateway.errors import (
 )
 from gateway.relay.failures import describe
 from gateway.relay.reading import first_event_of, read_chunk
+from gateway.relay.watch import Watch
 from gateway.state import RUNTIME, TIMING
 
 
@@ -34,11 +35,11 @@ class ClientStalled(Exception):
     """The client read nothing for `limits.write_timeout_s` while its stream was waiting."""
 
 
-async def _send(resp: web.StreamResponse, data: bytes, deadline_s: float) -> None:
+async def _send(resp: web.StreamResponse, data: bytes, watch: Watch, deadline_s: float) -> None:
     if not data:  # an empty write could end the chunked body early
         return
     try:
-        async with asyncio.timeout(deadline_s):
+        with watch.within(deadline_s):
             await resp.write(data)
     except TimeoutError:
         raise ClientStalled from None
@@ -49,9 +50,23 @@ async def relay_stream(
 ) -> web.StreamResponse:
     """`attested`: the stream's first event carries its attestation (the exchange reads it
     before anything is sent)."""
+    watch = Watch()  # one timer for every read and write of this stream
+    try:
+        return await _watched(request, upstream, exchange, attested, watch)
+    finally:
+        watch.close()
+
+
+async def _watched(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    exchange: Exchange,
+    attested: bool,
+    watch: Watch,
+) -> web.StreamResponse:
     gateway = request[RUNTIME].policy.gateway
     idle_s, write_s = gateway.timeouts.idle_s, gateway.limits.write_timeout_s
-    event, chunk = await first_event_of(upstream, idle_s) if attested else (None, b"")
+    event, chunk = await first_event_of(upstream, watch, idle_s) if attested else (None, b"")
     head = await exchange.head(event)
     if isinstance(head, Withheld):
         return error_response(head.error, head.request_id, headers=head.headers)
@@ -63,14 +78,14 @@ async def relay_stream(
         if head.first:
             await resp.write(head.first)
         while True:
-            await _send(resp, exchange.events(chunk), write_s)
+            await _send(resp, exchange.events(chunk), watch, write_s)
             try:
-                chunk = await read_chunk(upstream, idle_s)
+                chunk = await read_chunk(upstream, watch, idle_s)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise _cut_error(exc) from None
             if not chunk:
                 break
-        await _send(resp, await exchange.end(), write_s)
+        await _send(resp, await exchange.end(), watch, write_s)
     except GatewayError as error:  # cut short, withheld, its record or receipt lost: no `[DONE]`
         await _end_with_error(resp, await exchange.fail(error))
         return resp

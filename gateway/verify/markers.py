@@ -67,7 +67,8 @@ class MarkerScanner:
         if not piece:
             return bool(self.found)
         window = self._tail + piece  # holds any marker that started in an earlier piece
-        self.found += [m for m in self._key.find(window) if m not in self.found]
+        if PREFIX in window:  # nearly no piece has one: skip the search, once per token
+            self.found += [m for m in self._key.find(window) if m not in self.found]
         self._tail = window[-(MARKER_LEN - 1) :]
         return bool(self.found)
 

@@ -10,6 +10,7 @@ choice's text is scanned on its own; scanning never changes the bytes relayed.
 from __future__ import annotations
 
 import re
+from operator import attrgetter
 from typing import Any, Final
 
 import orjson
@@ -25,6 +26,7 @@ _FIELD: Final = {
     COMPLETIONS: re.compile(rb'"text":' + _STRING),
 }
 _ANY = re.compile(rb'"(?:content|text|delta|output_text)":' + _STRING)
+_STARTED = attrgetter("started")
 _INDEX = re.compile(rb'"index":(\d{1,6})')  # a choice's index (escaped inside text, so no match)
 
 
@@ -45,7 +47,7 @@ class AnswerScan:
     @property
     def marker_started(self) -> bool:
         """Some choice's text so far ends with the start of what may be a marker."""
-        return any(s.started for s in self._scanners.values())
+        return any(map(_STARTED, self._scanners.values()))  # after every event: no generator
 
     @property
     def text(self) -> str | None:
