@@ -22,6 +22,7 @@ import subprocess
 import sys
 import zipfile
 from dataclasses import asdict, dataclass
+from importlib.machinery import PathFinder
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -146,13 +147,12 @@ def join_parts(manifest: Manifest, stash: Path) -> Path | None:
 def install_missing(wheels: Path, site: Path) -> list[str]:
     """Unzip into `site` each carried wheel whose module this interpreter cannot import."""
     site.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(site))
     installed = []
     for wheel in sorted(wheels.glob("*.whl")):
         dist = wheel.name.split("-")[0].lower()
         module = PACKAGES.get(dist, dist)
-        if importlib.util.find_spec(module) is not None:
-            continue
+        if importlib.util.find_spec(module) or PathFinder.find_spec(module, [str(site)]):
+            continue  # the machine's own copy, or unpacked by an earlier call
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(site)
         installed.append(wheel.name)

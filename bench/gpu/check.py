@@ -93,6 +93,7 @@ def transformers_section(args: argparse.Namespace, loaded: LoadedModel) -> dict[
         if args.skip_transformers_if_missing:
             return {"skipped": "transformers is not installed"}
         raise
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     progress(f"transformers {transformers.__version__}: loading {args.hf_model or args.model}")
     model = hf.load_hf(args.hf_model or args.model, loaded)
     pad = loaded.tokenizer.eos_ids[0] if loaded.tokenizer.eos_ids else 0

@@ -93,6 +93,8 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
     if isinstance(value, float):
         return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
     return str(value)
@@ -122,6 +124,9 @@ def render(report: Mapping[str, Any]) -> str:
         "ours/tf",
     ]
     out += ["", *_table(head, rows)]
+    if "greedy_tokens_alike" in hf:
+        out.append(f"transformers and ours chose the same first {hf['greedy_tokens_alike']} "
+                   f"greedy tokens at {rows[0][0] if rows else '-'} stream(s)")  # fmt: skip
     line = report.get("roofline", {})
     if "copy_gb_s" in line:
         out += ["", *_table(
@@ -137,11 +142,11 @@ def render(report: Mapping[str, Any]) -> str:
             for r in gateway["rows"]
         ]  # fmt: skip
         out += ["", *_table(["workers", "streams", "direct tok/s", "gateway tok/s", "cost"], rows)]
-    for name, found in report.items():
-        if isinstance(found, dict) and "error" in found:
-            out += ["", f"{name} FAILED: {found['error']}"]
-        elif isinstance(found, dict) and "skipped" in found:
-            out += ["", f"{name} skipped: {found['skipped']}"]
+    for name, part in report.items():
+        if isinstance(part, dict) and "error" in part:
+            out += ["", f"{name} FAILED: {part['error']}"]
+        elif isinstance(part, dict) and "skipped" in part:
+            out += ["", f"{name} skipped: {part['skipped']}"]
     out += ["", "goals and checks:"]
     for name, value in goals(report).items():
         if name != "ours_over_transformers":
