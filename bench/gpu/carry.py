@@ -3,10 +3,11 @@ wheels of the packages kvfence needs beyond what that machine's python has, and 
 in parts small enough for one transfer each.
 
 Invariant: standard library only (it runs before anything is installed); `unpack` is idempotent
-and installs a wheel only when its module cannot be imported, so it never shadows the machine's
-own copy; a joined model file is used only when its SHA-256 matches the manifest.
+and installs a wheel only when its module cannot be imported or, for kvfence's own needs, is
+older than the carried one (the machine's other copies stay as they are); a joined model file
+is used only when its SHA-256 matches the manifest.
 
-    .venv/bin/python -m bench.gpu.carry pack [--model smollm2|FILE] [--part-mib 56]   # here
+    .venv/bin/python -m bench.gpu.carry pack [--model smollm2|FILE] [--part-mib 52]   # here
     python3 -m bench.gpu.carry unpack                                   # there, on every call
 """
 
@@ -17,6 +18,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -45,6 +47,9 @@ PACKAGES = {
     "jinja2": "jinja2",
     "markupsafe": "markupsafe",
 }
+# kvfence's own needs: a copy on the machine older than the carried one is shadowed by it
+# (the rest are taken as the machine has them, matched to its torch and transformers).
+OWN = frozenset({"orjson", "cryptography", "cffi", "pycparser", "rfc8785", "gguf"})
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
@@ -151,12 +156,27 @@ def install_missing(wheels: Path, site: Path) -> list[str]:
     for wheel in sorted(wheels.glob("*.whl")):
         dist = wheel.name.split("-")[0].lower()
         module = PACKAGES.get(dist, dist)
-        if importlib.util.find_spec(module) or PathFinder.find_spec(module, [str(site)]):
-            continue  # the machine's own copy, or unpacked by an earlier call
+        if PathFinder.find_spec(module, [str(site)]):
+            continue  # unpacked by an earlier call
+        if importlib.util.find_spec(module) and not (dist in OWN and _older(dist, wheel.name)):
+            continue  # the machine's own copy, recent enough
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(site)
         installed.append(wheel.name)
     return installed
+
+
+def _older(dist: str, wheel: str) -> bool:
+    """Whether the installed `dist` is older than the wheel's version (leading numbers)."""
+    try:
+        present = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return False  # importable but unversioned: leave it
+    return _numbers(present) < _numbers(wheel.split("-")[1])
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", version)[:3])
 
 
 def unpack(args: argparse.Namespace) -> int:

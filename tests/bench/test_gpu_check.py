@@ -100,3 +100,9 @@ def test_carry_unpacks_only_wheels_whose_module_is_missing(tmp_path: Path) -> No
         "kvfence_carry_probe-1.0-py3-none-any.whl"
     ]
     assert (tmp_path / "site" / "kvfence_carry_probe" / "__init__.py").is_file()
+
+
+def test_carry_compares_versions_by_their_numbers() -> None:
+    assert carry._numbers("41.0.7") < carry._numbers("50.0.2")
+    assert carry._numbers("3.10.0") > carry._numbers("3.9.15")
+    assert carry._numbers("2.1.1") == carry._numbers("2.1.1.post1")
