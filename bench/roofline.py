@@ -22,22 +22,24 @@ from typing import Any
 # before torch loads (see backend/__init__.py); torch is imported in the functions.
 from backend.model import LoadedModel, load_model
 from backend.runner import ModelRunner
-from bench.runner_speed import BLOCK, TOPICS, decode_rate, prompt_ids
+from bench.runner_speed import BLOCK, TOPICS, decode_rate, prompt_ids, sync
 
 COPY_MIB = 1024  # far beyond any last-level cache of this class of host
 
 
-def copy_bandwidth(mib: int = COPY_MIB, repeats: int = 7) -> dict[str, float]:
-    """GB/s of a torch copy (read + write), median and best of `repeats`."""
+def copy_bandwidth(mib: int = COPY_MIB, repeats: int = 7, device: str = "cpu") -> dict[str, float]:
+    """GB/s of a torch copy (read + write) on `device`, median and best of `repeats`."""
     import torch
 
-    src = torch.ones(mib << 20, dtype=torch.uint8)
+    src = torch.ones(mib << 20, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)  # first touch: page faults are not bandwidth
     rates = []
     for _ in range(repeats):
+        sync(src.device)
         start = time.perf_counter()
         dst.copy_(src)
+        sync(src.device)
         rates.append(2 * src.numel() / (time.perf_counter() - start) / 1e9)
     return {"copy_gb_s": round(statistics.median(rates), 2), "copy_gb_s_best": round(max(rates), 2)}
 
