@@ -1,4 +1,4 @@
-"""The hardening issue's figures, measured on whichever checkout is first on `sys.path`, so the
+"""The hardening figures, measured on whichever checkout is first on `sys.path`, so the
 same harness measures the code before and after the change:
 
     .venv/bin/python -m bench.hardening                       # this checkout

@@ -1,4 +1,4 @@
-"""The pressure issue's figures, measured on whichever checkout is first on `sys.path`, so the
+"""The pressure figures, measured on whichever checkout is first on `sys.path`, so the
 same harness measures the code before and after the change:
 
     .venv/bin/python -m bench.pressure                        # this checkout, label "after"
