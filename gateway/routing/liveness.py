@@ -5,9 +5,12 @@ background. `/readyz` answers 503 while this worker cannot serve: a backend the 
 reach under `on_failure: closed`; a worker that is only busy stays ready (and says so). The
 admin `/status` and `/metrics` show every backend's state.
 
-Invariant: a backend is up only once a check got an answer below 500; one failed check marks it
-down. Before the first round of checks ends no backend counts as up, so readiness never claims
-what was not checked. Every change is logged once, with the URL and what failed.
+Invariant: a backend is up only once a check got an answer below 500. A refusal, a reset or an
+answer of 500 or more marks it down at once; a check that ran out of time does only when the
+check before it failed too (a server busy generating can be slow to answer its health path; two
+checks in a row without an answer, `INTERVAL_S` apart, are not busy). Before the first round of
+checks ends no backend counts as up, so readiness never claims what was not checked. Every
+change is logged once, with the URL and what failed.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ log = logging.getLogger("kvfence.gateway.liveness")
 @dataclass(slots=True)
 class BackendLiveness:
     up: bool | None = None  # None: not checked yet
+    missed: int = 0  # checks in a row that failed (a first timeout alone leaves `up` as it was)
     url: str = ""  # what was checked
     status: int | None = None  # the last check's HTTP status
     error: str = ""  # why the last check failed
@@ -80,23 +84,26 @@ class Liveness:
 
     async def check(self, session: aiohttp.ClientSession, backend: Backend) -> None:
         url = backend.url + ADAPTERS[backend.kind].health_path
-        status, error = None, ""
+        status, error, slow = None, "", False
         try:
             async with asyncio.timeout(TIMEOUT_S), session.get(url) as resp:
                 status = resp.status
                 await resp.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except TimeoutError as exc:
+            error, slow = describe(exc), True
+        except (aiohttp.ClientError, OSError) as exc:
             error = describe(exc)
         if status is not None and status >= 500:
             error = f"answered {status}"
-        self._record(backend.name, url, status, error)
+        self._record(backend.name, url, status, error, slow)
 
-    def _record(self, name: str, url: str, status: int | None, error: str) -> None:
+    def _record(self, name: str, url: str, status: int | None, error: str, slow: bool) -> None:
         now, before = time.time(), self.get(name)
-        up = not error
+        missed = before.missed + 1 if error else 0
+        up = not error or (slow and missed == 1 and before.up is True)
         changed = before.up is not up
         self.view[name] = BackendLiveness(
-            up, url, status, error, now, now if changed else before.since
+            up, missed, url, status, error, now, now if changed else before.since
         )
         if changed and up:
             log.info("backend up", extra={"backend": name, "url": url, "status": status})

@@ -4,9 +4,11 @@ admin `/status` names the backend and why its health check failed, `/metrics` sa
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
+import aiohttp
 import orjson
 import pytest
 
@@ -108,4 +110,52 @@ async def test_an_optional_backend_does_not_hold_readiness(upstream: FakeUpstrea
         assert not gw.app[LIVENESS].get("later").up
     finally:
         await gw.session.close()
+        await runner.cleanup()
+
+
+async def test_a_slow_health_check_marks_down_only_on_its_second_miss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server busy generating can answer its health path late: one check without an answer
+    leaves an up backend up; the next one without an answer marks it down; a refusal marks it
+    down at once."""
+    from aiohttp import web
+
+    from gateway.routing import liveness as module
+
+    monkeypatch.setattr(module, "TIMEOUT_S", 0.2)
+    slow = {"on": False}
+
+    async def health(_request: web.Request) -> web.Response:
+        if slow["on"]:
+            await asyncio.sleep(1)
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    text = policy_text(f"http://127.0.0.1:{port}")
+    backend = parse_policy(text, "t.yaml", env=ENV).backends[0]
+    watch = module.Liveness()
+    try:
+        async with aiohttp.ClientSession() as session:
+            await watch.check(session, backend)
+            assert watch.get(backend.name).up is True
+            slow["on"] = True
+            await watch.check(session, backend)
+            first = watch.get(backend.name)
+            assert first.up is True and first.missed == 1 and first.error == "timed out"
+            await watch.check(session, backend)
+            assert watch.get(backend.name).up is False
+            slow["on"] = False
+            await watch.check(session, backend)
+            assert watch.get(backend.name).up is True and watch.get(backend.name).missed == 0
+            await runner.cleanup()  # nothing listens: refused, down at once
+            await watch.check(session, backend)
+            assert watch.get(backend.name).up is False
+    finally:
         await runner.cleanup()
