@@ -13,11 +13,10 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import Final, cast
+from typing import Final
 
-from bench.gateway.upstream import COMPLETION
+from bench.gateway.upstream import COMPLETION, Framed
 
-_HEAD_END: Final = b"\r\n\r\n"
 _HEAD: Final = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
     b"transfer-encoding: chunked\r\n\r\n"
@@ -49,45 +48,17 @@ def _usage(tokens: int) -> bytes:
     return b"data: {" + _BASE + b',"choices":[],' + usage.encode() + b"}\n\n"
 
 
-def _content_length(head: bytes) -> int:
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return int(value)
-    return 0
-
-
-class PacedProtocol(asyncio.Protocol):
+class PacedProtocol(Framed):
     """One keep-alive connection, one request at a time: its stream's events on a fixed
     schedule from the request's arrival (event k at arrival + k * gap), late or not."""
 
     def __init__(self, tokens: int, gap_s: float) -> None:
+        super().__init__()
         self._tokens, self._gap_s = tokens, gap_s
-        self._buf = bytearray()
-        self._need = -1  # bytes of head + body once the head is parsed
-        self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._start = 0.0
         self._sent = 0
         self._ending = b""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-
-    def data_received(self, data: bytes) -> None:
-        self._buf += data
-        while True:
-            if self._need < 0:
-                end = self._buf.find(_HEAD_END)
-                if end < 0:
-                    return
-                self._need = end + 4 + _content_length(bytes(self._buf[:end]))
-            if len(self._buf) < self._need:
-                return
-            request = bytes(self._buf[: self._need])
-            del self._buf[: self._need]
-            self._need = -1
-            self._answer(request)
 
     def _answer(self, request: bytes) -> None:
         assert self._transport is not None

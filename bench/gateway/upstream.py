@@ -105,8 +105,9 @@ def _content_length(head: bytes) -> int:
     return 0
 
 
-class UpstreamProtocol(asyncio.Protocol):
-    """One keep-alive connection: parse each request's head, wait for its body, answer."""
+class Framed(asyncio.Protocol):
+    """One keep-alive connection: each request's head parsed, its body waited for, then the
+    whole request handed to `_answer`, one at a time."""
 
     def __init__(self) -> None:
         self._buf = bytearray()
@@ -126,10 +127,17 @@ class UpstreamProtocol(asyncio.Protocol):
                 self._need = end + 4 + _content_length(bytes(self._buf[:end]))
             if len(self._buf) < self._need:
                 return
-            body = bytes(self._buf[: self._need])
+            request = bytes(self._buf[: self._need])
             del self._buf[: self._need]
             self._need = -1
-            self._answer(body)
+            self._answer(request)
+
+    def _answer(self, request: bytes) -> None:
+        raise NotImplementedError
+
+
+class UpstreamProtocol(Framed):
+    """Fixed answers: a small JSON completion, a short SSE stream, a Responses answer."""
 
     def _answer(self, request: bytes) -> None:
         assert self._transport is not None
