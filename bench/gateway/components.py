@@ -15,6 +15,7 @@ import runpy
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -62,6 +63,17 @@ def component(filename: str, function: str) -> str:
             return "hashing"
         return "builtins (other)"
     return "stdlib (other)"
+
+
+def written(path: Path, deadline_s: float = 30.0) -> dict[str, float]:
+    """What the profiled gateway wrote at SIGUSR2 (`path`), once it is there."""
+    deadline = time.monotonic() + deadline_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the profiled gateway wrote no {path.name}")
+        time.sleep(0.05)
+    loaded: dict[str, float] = orjson.loads(path.read_bytes())
+    return loaded
 
 
 def shares(profile: Path) -> dict[str, float]:

@@ -16,6 +16,7 @@ import secrets
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -339,7 +340,7 @@ def _components(
                 os.kill(server.pid, signal.SIGUSR1)
                 load, cost = _measure(hop, _drivers(args)["rate"], body, core, args.nice)
                 os.kill(server.pid, signal.SIGUSR2)
-                seen = _poll(prefix.with_suffix(".json"))
+                seen = components.written(prefix.with_suffix(".json"))
                 share = components.shares(prefix.with_suffix(".prof"))
                 if args.profiles is not None:
                     args.profiles.mkdir(parents=True, exist_ok=True)
@@ -368,16 +369,6 @@ def _components(
         per_sync = mine["audit_records_per_sync"]
         print(f"  audit writer thread: {writer:.0f} us/request, {per_sync:.1f} records per sync")
     return out
-
-
-def _poll(path: Path, deadline_s: float = 30.0) -> dict[str, float]:
-    deadline = time.monotonic() + deadline_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the profiled gateway wrote no {path.name}")
-        time.sleep(0.05)
-    loaded: dict[str, float] = json.loads(path.read_text())
-    return loaded
 
 
 def _audit_env() -> dict[str, str]:
@@ -410,7 +401,7 @@ def _versions() -> dict[str, str]:
     out: dict[str, str] = {}
     for tool, flag in (("nginx", "-v"), ("wrk", "-v")):
         if shutil.which(tool):
-            done = procs.subprocess.run([tool, flag], capture_output=True, text=True, check=False)
+            done = subprocess.run([tool, flag], capture_output=True, text=True, check=False)
             out[tool] = (done.stdout + done.stderr).strip().splitlines()[0]
     out["hey"] = "hey (no version flag)" if shutil.which("hey") else "missing"
     return out

@@ -16,11 +16,8 @@ import secrets
 import shutil
 import signal
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from bench.gateway import components, procs, profile
 from bench.gateway.token_legs import HEADER, Shape, Target, line, measure
@@ -64,7 +61,7 @@ def cprofile(
                 os.kill(server.pid, signal.SIGUSR1 if opening else signal.SIGUSR2)
 
             leg = measure(shape, Target("gateway (cProfile)", server, key), up, 0, switch)
-            seen = _poll(prefix.with_suffix(".json"))
+            seen = components.written(prefix.with_suffix(".json"))
         if keep is not None:
             shutil.copyfile(prefix.with_suffix(".prof"), keep)
         stats: dict[Any, Any] = pstats.Stats(str(prefix.with_suffix(".prof"))).stats  # type: ignore[attr-defined]
@@ -91,13 +88,3 @@ def cprofile(
         "components": shares,
         "audit_writer_thread_cpu_us_per_event": writer_us,
     }
-
-
-def _poll(path: Path, deadline_s: float = 30.0) -> dict[str, float]:
-    deadline = time.monotonic() + deadline_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the profiled gateway wrote no {path.name}")
-        time.sleep(0.05)
-    loaded: dict[str, float] = orjson.loads(path.read_bytes())
-    return loaded
