@@ -87,6 +87,14 @@ class Gateway:
         )
 
 
+def client_for(policy: Policy) -> aiohttp.ClientSession:
+    """A session that lets an idle connection go at half the time the gateway keeps one
+    (`header_timeout_s`), as a careful client does: reusing a connection the server is closing
+    at that very moment fails the request with "Server disconnected"."""
+    keep = policy.gateway.limits.header_timeout_s / 2
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=keep))
+
+
 async def run_gateway(
     policy: Policy,
     upstream: FakeUpstream,
@@ -102,6 +110,6 @@ async def run_gateway(
         generation=generation,
     )
     runner = await start(app, "127.0.0.1", 0)
-    session = aiohttp.ClientSession()
+    session = client_for(policy)
     url = f"http://127.0.0.1:{bound_port(runner)}"
     return Gateway(url, upstream, app, session), runner
