@@ -20,11 +20,13 @@ _EOL: Final = rb"(?:\r\n|\n|\r(?=[^\n]))"
 _END: Final = re.compile(_EOL + _EOL)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Event:
     """One event: `raw`, its bytes as they arrived (its blank line included); `name`, its
     `event:` field (b"" when it has none); `data`, its `data:` lines joined with LF (None when
-    it has none: a comment, or an event of other fields only)."""
+    it has none: a comment, or an event of other fields only). Never changed once made: a step
+    that rewrites an event makes a new one (not frozen only because a frozen dataclass costs
+    three times as much to make, once per event)."""
 
     raw: bytes
     name: bytes
@@ -133,6 +135,8 @@ def with_data(raw: bytes, data: bytes) -> bytes:
 
 def events(buf: bytes) -> list[Event]:
     """Every event of `buf` parsed (see `raws`)."""
+    if buf.find(b"\n\n") == len(buf) - 2 and b"\r" not in buf:
+        return [parse(buf)]  # one LF-framed event: most reads of a token stream
     return [parse(raw) for raw in raws(buf)]
 
 

@@ -55,12 +55,14 @@ class MarkerKey:
 class MarkerScanner:
     """Scans a text stream piece by piece; a marker split across pieces is still found."""
 
-    __slots__ = ("_key", "_tail", "found")
+    __slots__ = ("_key", "_tail", "found", "started")
 
     def __init__(self, key: MarkerKey) -> None:
         self._key = key
         self._tail = ""
         self.found: list[str] = []
+        # The text so far ends with what may still become a marker: hold it back.
+        self.started = False
 
     def feed(self, piece: str) -> bool:
         """Add text; True when a live marker has been found so far."""
@@ -69,10 +71,6 @@ class MarkerScanner:
         window = self._tail + piece  # holds any marker that started in an earlier piece
         if PREFIX in window:  # nearly no piece has one: skip the search, once per token
             self.found += [m for m in self._key.find(window) if m not in self.found]
-        self._tail = window[-(MARKER_LEN - 1) :]
+        self._tail = tail = window[-(MARKER_LEN - 1) :]
+        self.started = PREFIX in tail and _STARTED.search(tail) is not None
         return bool(self.found)
-
-    @property
-    def started(self) -> bool:
-        """The text so far ends with what may still become a marker: hold it back."""
-        return "kvfc" in self._tail and _STARTED.search(self._tail) is not None

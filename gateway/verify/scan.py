@@ -39,15 +39,9 @@ class AnswerScan:
         self._parts: list[str] = []
         self._size = 0
         self.text_bytes = 0  # UTF-8 bytes of the text of every choice, kept or not
-
-    @property
-    def markers(self) -> int:
-        return sum(len(s.found) for s in self._scanners.values())
-
-    @property
-    def marker_started(self) -> bool:
-        """Some choice's text so far ends with the start of what may be a marker."""
-        return any(map(_STARTED, self._scanners.values()))  # after every event: no generator
+        self.markers = 0  # live markers found, in every choice's text
+        # Some choice's text so far ends with the start of what may be a marker.
+        self.marker_started = False
 
     @property
     def text(self) -> str | None:
@@ -55,10 +49,18 @@ class AnswerScan:
         return "".join(self._parts) if self._keep else None
 
     def _scan(self, piece: str, index: int = 0) -> None:
-        if self._key is not None:
-            if index not in self._scanners:
-                self._scanners[index] = MarkerScanner(self._key)
-            self._scanners[index].feed(piece)
+        if self._key is None:
+            return
+        scanner = self._scanners.get(index)
+        if scanner is None:
+            scanner = self._scanners[index] = MarkerScanner(self._key)
+        found = len(scanner.found)
+        scanner.feed(piece)
+        self.markers += len(scanner.found) - found
+        scanners = self._scanners
+        self.marker_started = scanner.started or (
+            len(scanners) > 1 and any(map(_STARTED, scanners.values()))
+        )
 
     def _take(self, piece: str, index: int) -> None:
         self._scan(piece, index)

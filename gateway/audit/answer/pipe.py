@@ -54,6 +54,8 @@ class Pipe:
         steps = self._steps
         for i in range(at, len(steps)):
             seen = steps[i].see(event)
+            if seen is event:  # passed as it came: nearly every event at nearly every step
+                continue
             if isinstance(seen, sse.Event):
                 event = seen
             elif isinstance(seen, Do):

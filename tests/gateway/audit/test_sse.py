@@ -52,6 +52,20 @@ def test_any_chunking_gives_the_same_events_and_bytes(ending: bytes) -> None:
             assert read(stream, [a, b]) == whole, (a, b)
 
 
+@pytest.mark.parametrize("ending", ENDINGS.values(), ids=ENDINGS.keys())
+def test_one_event_alone_reads_as_it_does_among_others(ending: bytes) -> None:
+    stream = framed(ending)
+    whole = events(stream)
+    at = 0
+    for event in whole:  # each event alone, and every run of events, as a reader hands them out
+        assert events(event.raw) == [event]
+        assert events(stream[at:]) == whole[whole.index(event) :]
+        at += len(event.raw)
+    # Not one event: blank lines after it, or text after its blank line.
+    assert [e.raw for e in events(b"data: x\n\n\n\n")] == [b"data: x\n\n", b"\n\n"]
+    assert [e.raw for e in events(b"data: x\n\ndata: y")] == [b"data: x\n\n", b"data: y"]
+
+
 def test_a_cr_last_in_a_chunk_waits_for_the_next_byte() -> None:
     reader = Reader()
     assert reader.feed(b"data: x\r\n\r") == b""  # the CR may be half of a CRLF
