@@ -17,10 +17,11 @@ _S = TypeVar("_S")
 
 
 class Pipe:
-    __slots__ = ("_reader", "_steps")
+    __slots__ = ("_reader", "_sees", "_steps")
 
     def __init__(self, steps: tuple[Step, ...]) -> None:
         self._steps = steps
+        self._sees = tuple(step.see for step in steps)  # bound once, called for every event
         self._reader = sse.Reader()
 
     def find(self, kind: type[_S]) -> _S:
@@ -40,7 +41,7 @@ class Pipe:
         out: list[bytes] = []
         for event in sse.events(events):
             self._through(event, 0, out)
-        return b"".join(out)
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def flush(self) -> bytes:
         """The stream ended: what each step held, in order, through the steps after it."""
@@ -51,9 +52,9 @@ class Pipe:
         return b"".join(out)
 
     def _through(self, event: sse.Event, at: int, out: list[bytes]) -> None:
-        steps = self._steps
-        for i in range(at, len(steps)):
-            seen = steps[i].see(event)
+        sees = self._sees
+        for i in range(at, len(sees)):
+            seen = sees[i](event)
             if seen is event:  # passed as it came: nearly every event at nearly every step
                 continue
             if isinstance(seen, sse.Event):
