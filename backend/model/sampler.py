@@ -1,7 +1,9 @@
 """Chooses the next token from logits: greedy at temperature 0, else temperature and top-p.
 
 Invariant: with a seed, the token drawn depends only on (seed, num_generated) and the row's
-logits, never on which other sequences share the batch.
+logits, never on which other sequences share the batch. A step reads its tokens back to the
+host once, whatever its rows ask (`tolist` at the end): no row reads a scalar back on its own,
+so on a GPU no row waits for the device.
 """
 
 from __future__ import annotations
@@ -27,25 +29,33 @@ def sample(
     num_generated: Sequence[int],
     generator: torch.Generator,
 ) -> list[int]:
-    """logits: [N, V] fp32 -> N token ids. `generator` serves rows without a seed."""
+    """logits: [N, V] fp32 -> N token ids. `generator` serves rows without a seed, all of them
+    in one draw (their tokens follow the generator and the batch, as an unseeded draw may)."""
     greedy = logits.argmax(dim=-1)  # [N]
     if all(p.temperature <= 0 for p in params):
         return [int(t) for t in greedy.tolist()]
     tokens = greedy.clone()
+    shared = [i for i, p in enumerate(params) if p.temperature > 0 and p.seed is None]
+    if shared:
+        device = logits.device
+        rows = torch.tensor(shared, device=device)
+        settings = torch.tensor(
+            [(params[i].temperature, params[i].top_p) for i in shared], device=device
+        )  # [R, 2]: each row's temperature and top-p, one copy to the device
+        nucleus = any(params[i].top_p < 1.0 for i in shared)
+        drawn = _draw_rows(logits.index_select(0, rows), settings, nucleus, generator)
+        tokens.index_copy_(0, rows, drawn)
     for i, p in enumerate(params):
-        if p.temperature <= 0:
-            continue
-        gen = generator
-        if p.seed is not None:
+        if p.temperature > 0 and p.seed is not None:
             gen = seeded_generator(p.seed, num_generated[i], logits.device)
-        tokens[i] = _draw(logits[i], p.temperature, p.top_p, gen)
+            tokens[i] = _draw(logits[i], p.temperature, p.top_p, gen)
     return [int(t) for t in tokens.tolist()]
 
 
 def _draw(
     logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator
 ) -> torch.Tensor:
-    """logits: [V] -> a 0-d token id tensor."""
+    """logits: [V] -> a 1-element token id tensor (never read back here)."""
     probs = torch.softmax(logits / temperature, dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
@@ -53,5 +63,22 @@ def _draw(
         drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         choice = torch.multinomial(sorted_probs, 1, generator=gen)
-        return order[choice[0]]
-    return torch.multinomial(probs, 1, generator=gen)[0]
+        return order.index_select(0, choice)
+    return torch.multinomial(probs, 1, generator=gen)
+
+
+def _draw_rows(
+    logits: torch.Tensor, settings: torch.Tensor, nucleus: bool, gen: torch.Generator
+) -> torch.Tensor:
+    """logits: [R, V], settings: [R, 2] (temperature, top-p) -> [R] token ids, every row in
+    the same few kernels. A row whose top-p is 1 keeps its whole distribution; `nucleus`: some
+    row's top-p is below 1 (else nothing is sorted)."""
+    probs = torch.softmax(logits / settings[:, :1], dim=-1)
+    if not nucleus:
+        return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    top_p = settings[:, 1:]
+    # As `_draw`: the smallest head whose mass reaches top-p; nothing dropped at a top-p of 1.
+    drop = (sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p) & (top_p < 1.0)
+    choice = torch.multinomial(sorted_probs.masked_fill(drop, 0.0), 1, generator=gen)  # [R, 1]
+    return order.gather(1, choice).squeeze(1)

@@ -177,3 +177,50 @@ def test_each_row_of_a_batch_is_sampled_by_its_own_params() -> None:
     assert seen[1] == {1}
     assert seen[2] == set(range(vocab))
     assert seen[3] == set(range(vocab))
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.5, 1.0), (2.0, 0.9)])
+def test_unseeded_rows_drawn_together_follow_the_softmax_and_the_top_p(
+    temperature: float, top_p: float
+) -> None:
+    probs = [0.5, 0.3, 0.15, 0.05]
+    scaled = [q ** (1 / temperature) for q in probs]
+    expected = [q / sum(scaled) for q in scaled]
+    head, mass = [], 0.0  # the smallest head that reaches top_p, renormalised
+    for token, p in enumerate(expected):
+        if mass >= top_p:
+            break
+        head.append(token)
+        mass += p
+    n = 4000  # one batch of n equal rows, one draw
+    params = [SamplingParams(temperature=temperature, top_p=top_p)] * n
+    tokens = sample(logits_of(probs).expand(n, -1), params, [0] * n, gen(21))
+    counts = Counter(tokens)
+    assert set(counts) == set(head)
+    for token in head:
+        assert abs(counts[token] / n - expected[token] / mass) < 0.04, (token, counts)
+
+
+def test_a_mixed_batch_reads_nothing_back_until_its_tokens() -> None:
+    """No row reads a scalar back on its own (on a GPU, each would wait for the device): the
+    step's tokens come back once, all together."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class ScalarReads(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is torch.ops.aten._local_scalar_dense.default:
+                ScalarReads.count += 1
+            return func(*args, **(kwargs or {}))
+
+    logits = torch.randn(6, 64, generator=gen(8))
+    params = [SamplingParams(temperature=0.0), seeded(1, top_p=0.5), seeded(2),
+              SamplingParams(temperature=0.8, top_p=0.5), SamplingParams(),
+              seeded(3, 0.7, 0.9)]  # fmt: skip
+    with ScalarReads():  # type: ignore[no-untyped-call]
+        tokens = sample(logits, params, [4] * 6, gen(9))
+    assert ScalarReads.count == 0
+    assert tokens[0] == int(logits[0].argmax())
+    assert tokens[1] == draw_one(logits[1], params[1], 4)
+    assert tokens[5] == draw_one(logits[5], params[5], 4)
