@@ -13,6 +13,7 @@ from backend.engine.plan import Chunk, SamplingParams, StepPlan
 from backend.model import LoadedModel, linear, load_model
 from backend.model.row_plan import RowPlan
 from backend.runner import ModelRunner
+from tests.kit.device_reads import DeviceReads
 from tests.kit.models import TEST_DEVICE
 
 GREEDY = SamplingParams(max_tokens=64, temperature=0.0)
@@ -118,6 +119,30 @@ def test_chunked_prefill_and_mixed_steps(tiny_model: LoadedModel) -> None:
     ).tokens
     assert step2[0] == dense_greedy(tiny_model, p0, 1)[0]
     assert [first[1], step1[1], step2[1]] == dense_greedy(tiny_model, p1, 3)
+
+
+def test_a_step_reads_nothing_back_from_the_device_but_its_tokens(
+    tiny_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prefill, decodes and every kind of sampling in one step, then a decode step: no scalar
+    is read back on the way (on a GPU each would wait for the device); the tokens come back
+    once per step, together. (Inference mode hides reads from the counter: no_grad instead.)"""
+    monkeypatch.setattr(torch, "inference_mode", torch.no_grad)
+    runner = ModelRunner(tiny_model, num_blocks=32, block_size=BS)
+    sampled = [GREEDY, SamplingParams(temperature=0.9, top_p=0.5, seed=4),
+               SamplingParams(temperature=0.7, top_p=0.9)]  # fmt: skip
+    plan = StepPlan(tuple(replace(prefill(i, p, t), sampling=s) for i, (p, t, s) in
+                          enumerate(zip(PROMPTS, TABLES, sampled, strict=True))))  # fmt: skip
+    with DeviceReads() as reads:
+        first = runner.execute(plan).tokens
+        decode = StepPlan(tuple(
+            Chunk(i, (first[i],), len(p), tuple(TABLES[i]), True, sampled[i], 1, len(p))
+            for i, p in enumerate(PROMPTS)
+        ))  # fmt: skip
+        second = runner.execute(decode).tokens
+    assert not reads.seen
+    assert len(first) == len(second) == 3
+    assert [first[0], second[0]] == dense_greedy(tiny_model, PROMPTS[0], 2)
 
 
 def test_prefix_blocks_in_the_pool_are_reused(tiny_model: LoadedModel) -> None:

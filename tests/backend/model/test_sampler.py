@@ -12,6 +12,7 @@ import torch
 
 from backend.engine.plan import SamplingParams
 from backend.model.sampler import sample, seeded_generator
+from tests.kit.device_reads import DeviceReads
 
 CPU = torch.device("cpu")
 V = 1000
@@ -204,23 +205,13 @@ def test_unseeded_rows_drawn_together_follow_the_softmax_and_the_top_p(
 def test_a_mixed_batch_reads_nothing_back_until_its_tokens() -> None:
     """No row reads a scalar back on its own (on a GPU, each would wait for the device): the
     step's tokens come back once, all together."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class ScalarReads(TorchDispatchMode):  # type: ignore[no-untyped-call]
-        count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            if func is torch.ops.aten._local_scalar_dense.default:
-                ScalarReads.count += 1
-            return func(*args, **(kwargs or {}))
-
     logits = torch.randn(6, 64, generator=gen(8))
     params = [SamplingParams(temperature=0.0), seeded(1, top_p=0.5), seeded(2),
               SamplingParams(temperature=0.8, top_p=0.5), SamplingParams(),
               seeded(3, 0.7, 0.9)]  # fmt: skip
-    with ScalarReads():  # type: ignore[no-untyped-call]
+    with DeviceReads() as reads:
         tokens = sample(logits, params, [4] * 6, gen(9))
-    assert ScalarReads.count == 0
+    assert not reads.seen
     assert tokens[0] == int(logits[0].argmax())
     assert tokens[1] == draw_one(logits[1], params[1], 4)
     assert tokens[5] == draw_one(logits[5], params[5], 4)
