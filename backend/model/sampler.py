@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Final
 
 import torch
 
 from backend.engine.plan import SamplingParams
+
+# The lowest temperature the logits are divided by. The API takes any temperature up to 2, and
+# below about 1e-37 the quotient overflows float32 (inf, then NaN, which no draw survives: the
+# step would fail, and every sequence in it). At 1e-6 the softmax already puts all its mass on
+# the argmax, bar logits within a few millionths of it, so a lower temperature draws as 1e-6.
+MIN_TEMPERATURE: Final = 1e-6
 
 
 def seeded_generator(seed: int, num_generated: int, device: torch.device) -> torch.Generator:
@@ -40,7 +47,7 @@ def sample(
         device = logits.device
         rows = torch.tensor(shared, device=device)
         settings = torch.tensor(
-            [(params[i].temperature, params[i].top_p) for i in shared], device=device
+            [(_temperature(params[i]), params[i].top_p) for i in shared], device=device
         )  # [R, 2]: each row's temperature and top-p, one copy to the device
         nucleus = any(params[i].top_p < 1.0 for i in shared)
         drawn = _draw_rows(logits.index_select(0, rows), settings, nucleus, generator)
@@ -48,8 +55,12 @@ def sample(
     for i, p in enumerate(params):
         if p.temperature > 0 and p.seed is not None:
             gen = seeded_generator(p.seed, num_generated[i], logits.device)
-            tokens[i] = _draw(logits[i], p.temperature, p.top_p, gen)
+            tokens[i] = _draw(logits[i], _temperature(p), p.top_p, gen)
     return [int(t) for t in tokens.tolist()]
+
+
+def _temperature(p: SamplingParams) -> float:
+    return max(p.temperature, MIN_TEMPERATURE)
 
 
 def _draw(

@@ -312,6 +312,25 @@ async def test_ignore_eos_generates_exactly_max_tokens(tiny: tuple[Kit, Client])
         assert (await resp.json())["usage"]["completion_tokens"] == 20
 
 
+async def test_a_temperature_too_small_to_divide_by_draws_greedily_and_the_engine_goes_on(
+    tiny: tuple[Kit, Client],
+) -> None:
+    """A positive temperature under float32's range (any the API accepts) is drawn as the
+    greedy answer, not a failed step for every sequence in the batch."""
+    kit, client = tiny
+
+    async def text(**sampling: Any) -> tuple[int, str]:
+        body = {"model": kit.model, "prompt": "abc", "max_tokens": 8, **sampling}
+        resp = await kit.post(client, "/v1/completions", body, "ns-a")
+        return resp.status, (await resp.json())["choices"][0]["text"]
+
+    greedy = await text(temperature=0)
+    for tiny_t in (1e-40, 5e-324):
+        assert await text(temperature=tiny_t) == greedy
+        assert await text(temperature=tiny_t, top_p=0.5, seed=3) == greedy
+    assert await text(temperature=0) == greedy  # the engine still serves
+
+
 async def test_admin_flush_needs_an_admin_handle_and_drops_one_namespace(
     tiny: tuple[Kit, Client],
 ) -> None:

@@ -215,3 +215,15 @@ def test_a_mixed_batch_reads_nothing_back_until_its_tokens() -> None:
     assert tokens[0] == int(logits[0].argmax())
     assert tokens[1] == draw_one(logits[1], params[1], 4)
     assert tokens[5] == draw_one(logits[5], params[5], 4)
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 5e-324, 1e-7])
+def test_a_temperature_too_small_to_divide_by_draws_the_argmax(temperature: float) -> None:
+    logits = torch.randn(4, 64, generator=gen(10)) * 20
+    params = [
+        SamplingParams(temperature=temperature),
+        SamplingParams(temperature=temperature, top_p=0.5),
+        seeded(5, temperature),
+        seeded(6, temperature, 0.3),
+    ]
+    assert sample(logits, params, [0] * 4, gen(11)) == logits.argmax(dim=-1).tolist()
