@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -40,6 +41,7 @@ class Backend:
     name: str
     port: int
     proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None  # its stdout and stderr
 
     @property
     def url(self) -> str:
@@ -56,22 +58,59 @@ class Backend:
 
 
 def start_backend(backend: Backend, keys: Keys, blocks: int = 96, threads: int = 1) -> None:
-    command = [sys.executable, "-m", "kvfence.cli", "backend", "--model", "smollm2",
+    # -X faulthandler: a backend that never becomes ready prints its stacks on SIGABRT.
+    command = [sys.executable, "-X", "faulthandler", "-m", "kvfence.cli", "backend",
+               "--model", "smollm2",
                "--id", backend.name, "--trust", str(keys.folder / "backend-trust.json"),
                "--signing-key", str(keys.folder / "be.key"), "--port", str(backend.port),
                "--kv-blocks", str(blocks), "--device", "cpu", "--threads", str(threads),
                "--log-level", "warning"]  # fmt: skip
-    with (keys.folder / f"{backend.name}.log").open("ab") as log:
+    backend.log = keys.folder / f"{backend.name}.log"
+    with backend.log.open("ab") as log:
         backend.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
 
-def wait_ready(backends: list[Backend], timeout_s: float = 300) -> None:
+def wait_ready(backends: list[Backend], timeout_s: float = 420) -> None:
+    """Until every backend answers /readyz. Each probes its kernels and loads the model first:
+    about 10 s on a quiet 2-core host, minutes when CI's other tiers install and build beside
+    the suite. Past `timeout_s` the failure says, for each backend not ready, its CPU time, its
+    state and what it was doing (its Python stacks, from faulthandler)."""
+
     def ready() -> bool:
         for b in backends:
-            assert b.proc is not None and b.proc.poll() is None, f"backend {b.name} exited"
+            assert b.proc is not None and b.proc.poll() is None, (
+                f"backend {b.name} exited:\n{_tail(b)}"
+            )
         return all(_get(b.url + "/readyz") is not None for b in backends)
 
-    assert until_sync(ready, timeout_s, 0.5), "the backends did not become ready"
+    if until_sync(ready, timeout_s, 0.5):
+        return
+    waiting = [b for b in backends if _get(b.url + "/readyz") is None]
+    found = "\n".join(_stuck(b) for b in waiting)
+    raise AssertionError(f"backends not ready within {timeout_s:g} s:\n{found}")
+
+
+def _stuck(backend: Backend) -> str:
+    """What a backend that is not ready is doing: CPU time, state, kernel wait, Python stacks."""
+    assert backend.proc is not None
+    pid = backend.proc.pid
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        wchan = Path(f"/proc/{pid}/wchan").read_text() or "-"
+        said = f"state {fields[0]}, {cpu_s:.1f} s of CPU, kernel wait {wchan}"
+    except (OSError, IndexError, ValueError) as exc:
+        said = f"no /proc entry ({exc})"
+    backend.proc.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        backend.proc.wait(timeout=10)
+    return f"backend {backend.name} (pid {pid}): {said}\n{_tail(backend)}"
+
+
+def _tail(backend: Backend, limit: int = 6000) -> str:
+    if backend.log is None or not backend.log.exists():
+        return "(no log)"
+    return backend.log.read_text(errors="replace")[-limit:] or "(its log is empty)"
 
 
 @dataclass
