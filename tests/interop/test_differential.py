@@ -9,6 +9,7 @@ no answer on either side comes from a cache hit that could change its numbers.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -235,6 +236,14 @@ def _summary(events: list[Any]) -> dict[str, Any]:
     }
 
 
+def _merged(direct: tuple[int, str, bytes], through: tuple[int, str, bytes]) -> bool:
+    """Both streams say the same in a different number of chunks, and nothing else differs."""
+    if direct[0] != 200 or through[0] != 200:
+        return False
+    d, t = _summary(_events(direct[2])), _summary(_events(through[2]))
+    return d["chunks"] != t["chunks"] and d | {"chunks": 0} == t | {"chunks": 0}
+
+
 OPTIONS: list[dict[str, Any] | None] = [
     None,
     {},
@@ -258,6 +267,11 @@ async def test_streams_match(pair: Pair, path: str, options: dict[str, Any] | No
     if options is not None:
         body["stream_options"] = options
     direct, through = await pair.both("POST", path, body)
+    if _merged(direct, through):
+        # vLLM merges the deltas a slow reader has not taken yet into one chunk: on a loaded
+        # host the same text can come in fewer chunks on one side. Once more, and said so.
+        logging.getLogger(__name__).warning("vLLM merged chunks on one side: compared again")
+        direct, through = await pair.both("POST", path, body)
     assert direct[0] == through[0] == 200
     assert direct[1] == through[1]  # text/event-stream; charset=utf-8, as vLLM sends it
     assert _summary(_events(direct[2])) == _summary(_events(through[2]))

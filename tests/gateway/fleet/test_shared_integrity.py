@@ -57,7 +57,8 @@ async def test_a_quarantine_survives_redis_restarting_empty(redis_server: RedisS
         with redis.Redis.from_url(redis_server.url) as client:
             key, field = one.app[SHARED].key("health"), one.app[SHARED].key("backend", "a")
             await until(lambda: client.hget(key, field), 10, "the quarantine written back")
-        await until(lambda: two.app[SHARED].up, 5, "both replicas reconnected")
+        await until(lambda: one.app[SHARED].up and two.app[SHARED].up, 5,
+                    "both replicas reconnected")  # fmt: skip
         assert await spread((one, two), a) == 0
         assert quarantined_everywhere((one, two))
 
