@@ -26,6 +26,7 @@ from gateway.relay.headers import remember
 from gateway.relay.reading import read_all
 from gateway.relay.session import SESSION
 from gateway.relay.stream import relay_stream
+from gateway.relay.watch import Watch
 from gateway.state import BODY, ROUTE, RUNTIME, TIMING, UPSTREAM_BODY, UPSTREAM_HEADERS
 from kvfence.attestation import ATTESTATION_HEADER
 
@@ -39,14 +40,14 @@ def _deadline(request: web.Request) -> tuple[str, float]:
     return "total_s", timeouts.total_s
 
 
-async def _open(request: web.Request) -> aiohttp.ClientResponse:
+async def _open(request: web.Request, watch: Watch) -> aiohttp.ClientResponse:
     route, runtime = request[ROUTE], request[RUNTIME]
     data = request[UPSTREAM_BODY]
     request[TIMING].upstream_sent = time.perf_counter()
     url = runtime.upstream_urls[route.backend.name, request.path]
     name, limit_s = _deadline(request)
     try:
-        async with asyncio.timeout(limit_s):
+        with watch.within(limit_s):
             return await request.app[SESSION].post(
                 url, data=data, headers=request[UPSTREAM_HEADERS], timeout=runtime.upstream_timeout
             )
@@ -61,27 +62,20 @@ async def _open(request: web.Request) -> aiohttp.ClientResponse:
         raise UpstreamUnavailable(message, cause=describe(exc)) from None
 
 
-async def _read_plain(request: web.Request, upstream: aiohttp.ClientResponse) -> bytes:
-    """The whole plain answer, within what is left of `total_s` since it was sent."""
-    gateway = request[RUNTIME].policy.gateway
-    limit_s, cap = gateway.timeouts.total_s, gateway.limits.max_answer_bytes
-    left_s = limit_s - (time.perf_counter() - request[TIMING].upstream_sent)
-    try:
-        async with asyncio.timeout(max(left_s, 0.0)):
-            return await read_all(upstream, gateway.timeouts.idle_s, cap)
-    except TimeoutError:
-        cause = f"not done within timeouts.total_s ({limit_s:g} s)"
-        raise UpstreamTimeout("backend did not finish its answer in time", cause=cause) from None
-
-
 async def _relay(
-    request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange, attested: bool
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    exchange: Exchange,
+    attested: bool,
+    watch: Watch,
+    until: float,
 ) -> web.StreamResponse:
     exchange.began(upstream.status)
     if upstream.status == 200 and upstream.content_type == SSE:
         remember(request, upstream)  # the stream's headers are the stream relay's
-        return await relay_stream(request, upstream, exchange, attested)
-    body = await _read_plain(request, upstream)
+        return await relay_stream(request, upstream, exchange, attested, watch)
+    gateway = request[RUNTIME].policy.gateway
+    body = await read_all(upstream, watch, gateway.timeouts, gateway.limits.max_answer_bytes, until)
     content_type = upstream.headers.get("content-type", "application/json")
     if not 200 <= upstream.status < 300 and not attested:
         # our backend's errors are judged as sent: its non-plain error is `missing`
@@ -99,14 +93,16 @@ async def _relay(
 
 async def forward(request: web.Request) -> web.StreamResponse:
     """One attempt: its exchange started, the scoped request upstream, its answer relayed to
-    the client."""
+    the client; one timer (`Watch`) limits every wait of it."""
     context = context_of(request)
     exchange = await Exchange.start(context)
+    watch = Watch()
+    until = asyncio.get_running_loop().time() + request[RUNTIME].policy.gateway.timeouts.total_s
     try:
-        upstream = await _open(request)
+        upstream = await _open(request, watch)
         request[TIMING].upstream_headers = time.perf_counter()
         try:
-            return await _relay(request, upstream, exchange, context.audit.attested)
+            return await _relay(request, upstream, exchange, context.audit.attested, watch, until)
         finally:
             upstream.release()
     except GatewayError as exc:
@@ -115,3 +111,5 @@ async def forward(request: web.Request) -> web.StreamResponse:
     except (asyncio.CancelledError, ConnectionResetError):
         await exchange.left("client_closed")  # the client went away: its request is recorded
         raise
+    finally:
+        watch.close()

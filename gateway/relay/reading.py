@@ -8,12 +8,14 @@ UpstreamTimeout or UpstreamUnavailable that names how it failed.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Final
 
 import aiohttp
 
 from gateway.audit import sse
 from gateway.errors import AnswerTooLarge, UpstreamTimeout, UpstreamUnavailable
+from gateway.policy.model import Timeouts
 from gateway.relay.failures import describe
 from gateway.relay.watch import Watch
 
@@ -50,23 +52,34 @@ async def first_event_of(
     return None, buf
 
 
-async def read_all(upstream: aiohttp.ClientResponse, idle_s: float, cap: int) -> bytes:
-    """The whole plain answer, at most `cap` bytes."""
+async def read_all(
+    upstream: aiohttp.ClientResponse, watch: Watch, timeouts: Timeouts, cap: int, until: float
+) -> bytes:
+    """The whole plain answer, at most `cap` bytes: each read within `timeouts.idle_s`, all of
+    it by the loop time `until` (`timeouts.total_s` after it was sent)."""
     parts: list[bytes] = []
     size = 0
-    watch = Watch()
+    idle_s, now = timeouts.idle_s, asyncio.get_running_loop().time
+    total = False  # the read waiting now ends at `until`, not idle_s after it began
     try:
-        while chunk := await read_chunk(upstream, watch, idle_s):
+        while True:
+            left_s = until - now()
+            total = left_s <= idle_s
+            chunk = await read_chunk(upstream, watch, max(left_s, 0.0) if total else idle_s)
+            if not chunk:
+                break
             size += len(chunk)
             if size > cap:
                 raise AnswerTooLarge(f"the backend's answer is over {cap} bytes")
             parts.append(chunk)
     except TimeoutError:
+        if total:
+            cause = f"not done within timeouts.total_s ({timeouts.total_s:g} s)"
+            message = "backend did not finish its answer in time"
+            raise UpstreamTimeout(message, cause=cause) from None
         cause = f"stalled: no data within timeouts.idle_s ({idle_s:g} s)"
         raise UpstreamTimeout("backend stalled while answering", cause=cause) from None
     except aiohttp.ClientError as exc:
         cause = describe(exc)
         raise UpstreamUnavailable("backend failed while answering", cause=cause) from None
-    finally:
-        watch.close()
     return b"".join(parts)

@@ -46,24 +46,14 @@ async def _send(resp: web.StreamResponse, data: bytes, watch: Watch, deadline_s:
 
 
 async def relay_stream(
-    request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange, attested: bool
-) -> web.StreamResponse:
-    """`attested`: the stream's first event carries its attestation (the exchange reads it
-    before anything is sent)."""
-    watch = Watch()  # one timer for every read and write of this stream
-    try:
-        return await _watched(request, upstream, exchange, attested, watch)
-    finally:
-        watch.close()
-
-
-async def _watched(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
     exchange: Exchange,
     attested: bool,
     watch: Watch,
 ) -> web.StreamResponse:
+    """`attested`: the stream's first event carries its attestation (the exchange reads it
+    before anything is sent); `watch`: the attempt's one timer, for every read and write."""
     gateway = request[RUNTIME].policy.gateway
     idle_s, write_s = gateway.timeouts.idle_s, gateway.limits.write_timeout_s
     event, chunk = await first_event_of(upstream, watch, idle_s) if attested else (None, b"")

@@ -1,6 +1,7 @@
-"""One deadline for the waits of one answer: a single timer, moved lazily. A wait sets its
-deadline with an attribute write; the timer, when it fires before that deadline, sets itself
-again for it; past it, it cancels the waiting task, and the wait turns that into TimeoutError.
+"""One deadline for the waits of one attempt (its upstream call, reads and writes): a single
+timer, moved lazily. A wait sets its deadline with an attribute write; the timer, when it fires
+before that deadline, sets itself again for it; past it, it cancels the waiting task, and the
+wait turns that into TimeoutError.
 
 Invariant: used only from the task that made it, one wait at a time; a cancellation the watch did
 not cause stays a CancelledError (`Task.uncancel`, as in `asyncio.timeout`); after `close` no

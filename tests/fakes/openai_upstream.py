@@ -123,6 +123,10 @@ class FakeUpstream:
     plain_type: str = "application/json"  # a plain answer's Content-Type
     sse_type: str = "text/event-stream"  # a stream's Content-Type
     plain_delay_s: float = 0.0  # a plain answer's headers come only after this (as vLLM's do)
+    # A plain answer's body after its headers: in this many pieces, each `trickle_s` after the
+    # one before (0: whole, with its headers).
+    trickle: int = 0
+    trickle_s: float = 0.0
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     _runner: web.AppRunner | None = None
     url: str = ""
@@ -168,9 +172,22 @@ class FakeUpstream:
             answer["choices"][0]["message"]["content"] = "x" * (2 << 20)
         if self.mode == "no_usage":
             del answer["usage"]
+        if self.trickle:
+            return await self._trickled(request, orjson.dumps(answer))
         resp = web.Response(body=orjson.dumps(answer), headers={"content-type": self.plain_type})
         if self.set_cookie:
             resp.headers["set-cookie"] = self.set_cookie
+        return resp
+
+    async def _trickled(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": self.plain_type})
+        await resp.prepare(request)
+        step = -(-len(body) // self.trickle)
+        with contextlib.suppress(ConnectionError):
+            for at in range(0, len(body), step):
+                await asyncio.sleep(self.trickle_s)
+                await resp.write(body[at : at + step])
+            await resp.write_eof()
         return resp
 
     async def _stream(self, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:

@@ -1,7 +1,8 @@
 """What a client sees through the gateway is what the server said: the answer's Content-Type as
 sent (charset included), the backend's own model cards, an error in any shape turned into
 OpenAI's with its status and message, and a plain answer that takes longer than the time to
-first byte still answered (its own limit is `timeouts.total_s`)."""
+first byte still answered (its own limit is `timeouts.total_s`, over its headers and its body,
+each read of which is limited by `timeouts.idle_s` too)."""
 
 from __future__ import annotations
 
@@ -124,3 +125,29 @@ async def test_a_plain_answer_past_total_s_is_a_504(upstream: FakeUpstream) -> N
         assert resp.status == 504
         error = (await resp.json())["error"]
         assert (error["code"], error["param"]) == ("upstream_timeout", None)
+
+
+@pytest.mark.parametrize(
+    ("pieces", "apart_s", "total_s", "status", "message"),
+    [
+        (4, 0.3, 5, 200, None),  # every piece within idle_s, the whole within total_s
+        (8, 0.3, 1, 504, "backend did not finish its answer in time"),  # past total_s
+        (2, 1.5, 5, 504, "backend stalled while answering"),  # a piece later than idle_s
+    ],
+    ids=["within", "past_total", "stalled"],
+)
+async def test_a_plain_body_is_limited_by_idle_s_per_read_and_total_s_in_all(
+    upstream: FakeUpstream, pieces: int, apart_s: float, total_s: float, status: int,
+    message: str | None,
+) -> None:  # fmt: skip
+    upstream.trickle, upstream.trickle_s = pieces, apart_s  # headers at once, then the body
+    text = policy_text(upstream.url).replace("total_s: 1}", f"total_s: {total_s}}}")
+    async for gw in _gateway(upstream, text):
+        resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG})
+        assert resp.status == status
+        body = await resp.json()
+        if message is None:
+            assert body["choices"][0]["message"]["content"]
+        else:
+            error = body["error"]
+            assert (error["code"], error["message"]) == ("upstream_timeout", message)
