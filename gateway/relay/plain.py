@@ -96,8 +96,9 @@ async def forward(request: web.Request) -> web.StreamResponse:
     the client; one timer (`Watch`) limits every wait of it."""
     context = context_of(request)
     exchange = await Exchange.start(context)
-    watch = Watch()
-    until = asyncio.get_running_loop().time() + request[RUNTIME].policy.gateway.timeouts.total_s
+    gateway = request[RUNTIME].policy.gateway
+    watch = Watch(min(gateway.timeouts.idle_s, gateway.limits.write_timeout_s))
+    until = asyncio.get_running_loop().time() + gateway.timeouts.total_s
     try:
         upstream = await _open(request, watch)
         request[TIMING].upstream_headers = time.perf_counter()

@@ -16,12 +16,14 @@ from types import TracebackType
 
 class Watch:
     """`with watch.within(seconds): await ...`: that await ends in TimeoutError once `seconds`
-    have passed without it finishing. Arming costs no timer when one is already set earlier."""
+    have passed without it finishing. Arming costs no timer when one is already set earlier.
+    `shortest_s`: the shortest wait to come (an answer's first wait is its longest, the upstream
+    call): the first timer is set no later than that, so a shorter wait after it sets none."""
 
-    __slots__ = ("_cancelling", "_deadline", "_expired", "_handle", "_loop", "_task", "_waiting",
-                 "_when")  # fmt: skip
+    __slots__ = ("_cancelling", "_deadline", "_expired", "_handle", "_loop", "_shortest", "_task",
+                 "_waiting", "_when")  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, shortest_s: float | None = None) -> None:
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("a Watch is made inside the task whose waits it limits")
@@ -33,6 +35,7 @@ class Watch:
         self._waiting = False
         self._expired = False  # the timer cancelled the task; the wait has not seen it yet
         self._cancelling = 0  # the task's cancellation requests when the wait began
+        self._shortest = shortest_s  # until the first timer is set
 
     def within(self, seconds: float) -> Watch:
         """The next wait may last `seconds` from now."""
@@ -70,8 +73,12 @@ class Watch:
     def _set(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
-        self._when = self._deadline
-        self._handle = self._loop.call_at(self._deadline, self._fire)
+        when = self._deadline
+        if self._shortest is not None:  # the first timer: early enough for the shortest wait
+            when = min(when, self._loop.time() + self._shortest)
+            self._shortest = None
+        self._when = when
+        self._handle = self._loop.call_at(when, self._fire)
 
     def _fire(self) -> None:
         self._handle = None

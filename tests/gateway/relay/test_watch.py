@@ -70,6 +70,45 @@ async def test_waits_move_the_deadline_on_without_a_timer_each(
     watch.close()
 
 
+async def test_a_watch_told_its_shortest_wait_sets_one_timer_for_a_long_then_short_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An answer: the upstream call may take 600 s, each read after it 0.1 s."""
+    loop = asyncio.get_running_loop()
+    calls: list[float] = []
+    call_at = loop.call_at
+
+    def counting(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
+        if isinstance(getattr(callback, "__self__", None), Watch):
+            calls.append(when)
+        return call_at(when, callback, *args, **kw)
+
+    monkeypatch.setattr(loop, "call_at", counting)
+    watch = Watch(shortest_s=0.1)
+    with watch.within(600):
+        await asyncio.sleep(0)
+    for _ in range(3):
+        with watch.within(0.1):
+            await asyncio.sleep(0)
+    assert len(calls) == 1  # the first timer was set early enough for the reads
+    start = loop.time()
+    with pytest.raises(TimeoutError), watch.within(0.1):  # and a read past it still times out
+        await asyncio.sleep(10)
+    assert start + 0.1 - SLACK_S <= loop.time() < start + 5
+    watch.close()
+
+
+async def test_a_long_first_wait_outlasts_the_early_first_timer() -> None:
+    loop, watch = asyncio.get_running_loop(), Watch(shortest_s=0.02)
+    start = loop.time()
+    with watch.within(0.2):  # the timer fires at 0.02 s and is set again for 0.2 s
+        await asyncio.sleep(0.1)
+    with pytest.raises(TimeoutError), watch.within(0.05):
+        await asyncio.sleep(10)
+    assert loop.time() >= start + 0.15 - SLACK_S
+    watch.close()
+
+
 async def test_a_shorter_deadline_after_a_longer_one_still_holds() -> None:
     loop, watch = asyncio.get_running_loop(), Watch()
     with watch.within(30):  # a read: the timer is set 30 s ahead
