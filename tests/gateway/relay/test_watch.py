@@ -27,6 +27,22 @@ def live_timers(loop: asyncio.AbstractEventLoop) -> list[asyncio.TimerHandle]:
     ]
 
 
+@pytest.fixture
+async def timers_set(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The loop times every Watch timer is set for, from now on."""
+    loop = asyncio.get_running_loop()
+    calls: list[float] = []
+    call_at = loop.call_at
+
+    def counting(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
+        if isinstance(getattr(callback, "__self__", None), Watch):
+            calls.append(when)
+        return call_at(when, callback, *args, **kw)
+
+    monkeypatch.setattr(loop, "call_at", counting)
+    return calls
+
+
 async def test_a_wait_past_its_deadline_ends_in_timeout_and_not_before() -> None:
     loop, watch = asyncio.get_running_loop(), Watch()
     start = loop.time()
@@ -46,19 +62,8 @@ async def test_a_wait_done_in_time_keeps_its_result_and_the_task_is_not_cut_late
     watch.close()
 
 
-async def test_waits_move_the_deadline_on_without_a_timer_each(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    loop = asyncio.get_running_loop()
-    calls: list[float] = []
-    call_at = loop.call_at
-
-    def counting(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
-        if isinstance(getattr(callback, "__self__", None), Watch):
-            calls.append(when)
-        return call_at(when, callback, *args, **kw)
-
-    monkeypatch.setattr(loop, "call_at", counting)
+async def test_waits_move_the_deadline_on_without_a_timer_each(timers_set: list[float]) -> None:
+    calls = timers_set
     watch = Watch()
     for _ in range(50):
         with watch.within(10):
@@ -71,19 +76,10 @@ async def test_waits_move_the_deadline_on_without_a_timer_each(
 
 
 async def test_a_watch_told_its_shortest_wait_sets_one_timer_for_a_long_then_short_waits(
-    monkeypatch: pytest.MonkeyPatch,
+    timers_set: list[float],
 ) -> None:
     """An answer: the upstream call may take 600 s, each read after it 0.1 s."""
-    loop = asyncio.get_running_loop()
-    calls: list[float] = []
-    call_at = loop.call_at
-
-    def counting(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
-        if isinstance(getattr(callback, "__self__", None), Watch):
-            calls.append(when)
-        return call_at(when, callback, *args, **kw)
-
-    monkeypatch.setattr(loop, "call_at", counting)
+    loop, calls = asyncio.get_running_loop(), timers_set
     watch = Watch(shortest_s=0.1)
     with watch.within(600):
         await asyncio.sleep(0)
