@@ -62,7 +62,7 @@ async def limits(folder: Path) -> list[dict[str, Any]]:
                             ("tokens_per_min=60", "limits: {tokens_per_min: 60}")):  # fmt: skip
             up = SlowUpstream(framing)
             await up.start()
-            text = policy_text(up.url).replace("id: acme, ", f"id: acme, {field}, ")
+            text = policy_text(up.url, header_s=10).replace("id: acme, ", f"id: acme, {field}, ")
             state = folder / f"{framing}-{kind.split()[0]}"
             state.mkdir()
             gw, runner = await run_gateway(parse_policy(text, "p.yaml", env=ENV), FakeUpstream(),

@@ -27,7 +27,13 @@ def digest(tenant: str) -> str:
     return key_digest(PEPPER.encode(), KEYS[tenant])
 
 
-def policy_text(url: str, *, mode: str = "strip", active: str = "ns1", extra: str = "") -> str:
+def policy_text(
+    url: str, *, mode: str = "strip", active: str = "ns1", extra: str = "", header_s: float = 0.5
+) -> str:
+    """The kit's policy. `header_s` is how long a connection may wait for its request's headers
+    (0.5 s, so the listener's cuts are quick to test); a test that opens many connections at once
+    on a loaded host passes more, or a stall of its own loop between connecting and sending gets
+    the connection cut."""
     return (
         textwrap.dedent(f"""\
         version: 1
@@ -40,7 +46,7 @@ def policy_text(url: str, *, mode: str = "strip", active: str = "ns1", extra: st
           api_key_pepper: {{env: PEPPER}}
           client_inputs: {mode}
           timeouts: {{connect_s: 2, first_byte_s: 1, idle_s: 1, total_s: 1}}
-          limits: {{header_timeout_s: 0.5, body_timeout_s: 0.5, max_body_bytes: 65536}}
+          limits: {{header_timeout_s: {header_s}, body_timeout_s: 0.5, max_body_bytes: 65536}}
           access_log: false
         backends:
           - name: fake-vllm

@@ -38,8 +38,9 @@ async def waves(gw: Any, stream: bool, count: int = 6) -> tuple[list[int], float
     started = time.monotonic()
     body = {**BODY, "stream": True} if stream else BODY
     url, headers = gw.url + "/v1/chat/completions", gw.auth("acme")
-    # A connection per request: the kit's gateway keeps an idle connection 0.5 s, and a loaded
-    # host can start the next wave on a pooled one just as the gateway closes it.
+    # A connection per request: a loaded host can start the next wave on a pooled connection just
+    # as the gateway closes it. The policies give a connection 10 s for its headers (the kit's
+    # 0.5 s cut a fresh one whose request this loop, busy with 19 others, sent late: a reset).
     connector = aiohttp.TCPConnector(force_close=True)
     async with aiohttp.ClientSession(connector=connector) as http:
         for _ in range(count):
@@ -63,7 +64,9 @@ def reservation() -> int:
 async def test_a_budget_is_passed_by_at_most_one_reservation_in_every_framing(
     upstream: SlowUpstream, tmp_path: Path
 ) -> None:
-    text = policy_text(upstream.url).replace("id: acme, ", "id: acme, budgets: {day: 60}, ")
+    text = policy_text(upstream.url, header_s=10).replace(
+        "id: acme, ", "id: acme, budgets: {day: 60}, "
+    )
     policy = parse_policy(text, "t.yaml", env=ENV)
     gw, runner = await run_gateway(policy, FakeUpstream(), state_dir=tmp_path)
     try:
@@ -84,7 +87,9 @@ async def test_a_budget_is_passed_by_at_most_one_reservation_in_every_framing(
 async def test_tokens_per_minute_hold_under_concurrency(tmp_path: Path) -> None:
     up = SlowUpstream("plain")
     await up.start()
-    text = policy_text(up.url).replace("id: acme, ", "id: acme, limits: {tokens_per_min: 60}, ")
+    text = policy_text(up.url, header_s=10).replace(
+        "id: acme, ", "id: acme, limits: {tokens_per_min: 60}, "
+    )
     policy = parse_policy(text, "t.yaml", env=ENV)
     gw, runner = await run_gateway(policy, FakeUpstream(), state_dir=tmp_path)
     try:
