@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.kit.gateway import ENV, policy_text
+from tests.kit.vllm_server import MODEL_DIR, await_build
 
 URL = "http://127.0.0.1:9"
 
@@ -122,8 +123,9 @@ def test_a_tokenizer_that_cannot_be_loaded_stops_the_gateway_with_one_line(
 ) -> None:
     folder = tmp_path / "model"
     folder.mkdir()
-    good = Path(__file__).resolve().parents[2] / ".models" / "smollm2-hf" / "tokenizer.json"
+    good = MODEL_DIR / "tokenizer.json"
     if "tokenizer.json" not in files:
+        await_build()
         if not good.is_file():
             pytest.skip("no tokenizer directory here (made by scripts/vllm-env)")
         (folder / "tokenizer.json").write_bytes(good.read_bytes())

@@ -1,7 +1,8 @@
 """Interop fixtures: one real vLLM for the whole session, skipped when its environment is absent.
 
-Invariant: with KVFENCE_REQUIRE_VLLM=1 a missing vLLM environment fails the tests instead of
-skipping them, so CI that promises interop coverage cannot pass without it.
+Invariant: with KVFENCE_REQUIRE_VLLM=1 (or a build beside the suite that ended well) a missing
+vLLM environment fails the tests instead of skipping them, so CI that promises interop coverage
+cannot pass without it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 
-from tests.kit.vllm_server import VllmConfig, missing_reason, running_vllm
+from tests.kit.vllm_server import BUILDING, VllmConfig, missing_reason, running_vllm
 
 
 def _required() -> bool:
@@ -20,6 +21,8 @@ def _required() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(BUILDING):  # built beside the suite: each test decides once it is done
+        return
     reason = missing_reason()
     if reason is None or _required():
         return
@@ -29,12 +32,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def _present() -> None:
+    """vLLM's environment is here, or the test is skipped (failed where it is required)."""
+    reason = missing_reason()
+    if reason is None:
+        return
+    if _required():
+        pytest.fail(f"KVFENCE_REQUIRE_VLLM=1 but {reason}", pytrace=False)
+    pytest.skip(f"vLLM interop tests skipped: {reason}")
+
+
+@pytest.fixture(autouse=True)
+def _vllm_present(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("vllm") is not None:
+        _present()
+
+
 @pytest.fixture(scope="session")
 def vllm_url() -> Iterator[str]:
     """Base URL of a real vLLM serving SmolLM2 as `smollm2` with prefix caching on."""
-    reason = missing_reason()
-    if reason is not None:
-        pytest.fail(f"KVFENCE_REQUIRE_VLLM=1 but {reason}", pytrace=False)
+    _present()
     with running_vllm() as url:
         yield url
 
@@ -42,9 +59,7 @@ def vllm_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def uncached_vllm_url() -> Iterator[str]:
     """A second real vLLM with prefix caching off (started once, for the tests that need it)."""
-    reason = missing_reason()
-    if reason is not None:
-        pytest.fail(f"KVFENCE_REQUIRE_VLLM=1 but {reason}", pytrace=False)
+    _present()
     with running_vllm(VllmConfig(extra_args=("--no-enable-prefix-caching",))) as url:
         yield url
 

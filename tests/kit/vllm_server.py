@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -63,8 +64,34 @@ class VllmConfig:
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
 
+# scripts/test builds the vLLM environment beside the suite and names here the file its exit
+# code will be written to: what needs the environment or its model directory waits for it.
+BUILDING = "KVFENCE_VLLM_BUILDING"
+
+
+def await_build(timeout_s: float = 1800.0) -> None:
+    """Wait for the vLLM build that scripts/test runs beside the suite, if one is under way (a
+    test that needs it comes minutes into the suite, so it rarely waits). A build that ended
+    with 0 makes the vLLM tests required (KVFENCE_REQUIRE_VLLM=1); one that failed leaves them
+    skipped, as scripts/test says at its end."""
+    done = os.environ.get(BUILDING)
+    if not done:
+        return
+    path = Path(done)
+    deadline = time.monotonic() + timeout_s
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise ServerStartError(f"the vLLM build beside the suite did not end in {timeout_s} s")
+        time.sleep(1.0)
+    if path.read_text().strip() == "0":
+        os.environ["KVFENCE_REQUIRE_VLLM"] = "1"
+    del os.environ[BUILDING]
+
+
 def missing_reason(config: VllmConfig | None = None) -> str | None:
-    """Why vLLM cannot be started here, or None when its environment and model are present."""
+    """Why vLLM cannot be started here, or None when its environment and model are present
+    (once the build beside the suite, if any, has ended)."""
+    await_build()
     cfg = config or VllmConfig()
     if not cfg.python.is_file():
         return f"{cfg.python} not found: run scripts/vllm-env"

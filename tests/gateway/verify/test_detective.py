@@ -23,7 +23,7 @@ from gateway.verify.tokens import ChatTokenizer
 from kvfence.verdict import Verdict
 from tests.fakes.openai_upstream import FakeUpstream
 from tests.kit.gateway import ENV, policy_text, run_gateway
-from tests.kit.vllm_server import MODEL_DIR
+from tests.kit.vllm_server import MODEL_DIR, await_build
 
 BOUND = DetectiveSettings(block_size=16)
 SYSTEM = {"role": "system", "content": "You answer questions about shipping. " * 8}
@@ -42,6 +42,7 @@ def detective(tmp_path: Path) -> Detective:
 
 
 def need_tokenizer() -> None:
+    await_build()
     if not (MODEL_DIR / "tokenizer.json").is_file():
         if os.environ.get("KVFENCE_REQUIRE_VLLM") == "1":  # scripts/vllm-env made it: required
             pytest.fail(f"KVFENCE_REQUIRE_VLLM=1 but {MODEL_DIR}/tokenizer.json is missing")
