@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-import aiohttp
 from yarl import URL
 
 from gateway.adapters.base import Adapter
@@ -93,7 +92,6 @@ class Runtime:
         "routes",
         "shares",
         "tenants",
-        "upstream_timeout",
         "upstream_urls",
     )
 
@@ -141,15 +139,11 @@ class Runtime:
             model: tuple(sorted(found, key=lambda p: -p.size)) for model, found in by_model.items()
         }
         self.public_share = Share(PUBLIC_GROUP, policy.public.ceiling, policy.public.floor)
-        # Backend name and path -> the parsed upstream URL (aiohttp would parse a string per
-        # request); the app routes only PROXIED_PATHS here.
+        # Backend name and path -> the parsed upstream URL (parsed once, not per request); the
+        # app routes only PROXIED_PATHS here.
         self.upstream_urls = {
             (b.name, path): URL(b.url + path) for b in policy.backends for path in PROXIED_PATHS
         }
-        # aiohttp's share of the upstream deadlines; the first byte has its own (see proxy).
-        self.upstream_timeout = aiohttp.ClientTimeout(
-            sock_connect=policy.gateway.timeouts.connect_s
-        )
 
     def identify(self, key: str, now: float | None = None) -> Identity:
         """The key's tenant (and registry record), or why not. Malformed keys stop before any

@@ -11,6 +11,8 @@ import socket
 
 import aiohttp
 
+from gateway.relay.client import ConnectFailed, MalformedAnswer
+
 _ERRNO = {
     errno.ECONNREFUSED: "connection refused (nothing listens there: is the backend running?)",
     errno.ECONNRESET: "connection reset by the backend",
@@ -36,8 +38,10 @@ def describe(exc: BaseException) -> str:
         return "connect timed out (timeouts.connect_s)"
     if isinstance(exc, TimeoutError):
         return "timed out"
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, aiohttp.ClientConnectorError | ConnectFailed):
         return _os_error(exc.os_error)
+    if isinstance(exc, MalformedAnswer):
+        return str(exc)
     if isinstance(exc, aiohttp.ClientPayloadError):
         return "answer cut short (the body's framing broke)"
     if isinstance(exc, aiohttp.ClientResponseError):

@@ -8,13 +8,14 @@ upstream's header; a local answer (an error the gateway sends instead) keeps its
 
 from __future__ import annotations
 
-import aiohttp
 from aiohttp import web
+
+from gateway.relay.client import Answer
 
 UPSTREAM_CONTENT_TYPE = web.RequestKey("kvfence_upstream_content_type", str)
 
 
-def remember(request: web.Request, upstream: aiohttp.ClientResponse) -> None:
+def remember(request: web.Request, upstream: Answer) -> None:
     """Keep the upstream's `Content-Type` for the stream the relay is about to begin."""
     value = upstream.headers.get("content-type")
     if value:

@@ -19,12 +19,13 @@ from gateway.audit.events import SSE
 from gateway.audit.exchange import Exchange
 from gateway.audit.replies import Withheld
 from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnavailable, error_response
+from gateway.relay.client import Answer
 from gateway.relay.context import context_of
 from gateway.relay.error_shape import openai_shaped
 from gateway.relay.failures import describe
 from gateway.relay.headers import remember
 from gateway.relay.reading import read_all
-from gateway.relay.session import SESSION
+from gateway.relay.session import UPSTREAM
 from gateway.relay.stream import relay_stream
 from gateway.relay.watch import Watch
 from gateway.state import BODY, ROUTE, RUNTIME, TIMING, UPSTREAM_BODY, UPSTREAM_HEADERS
@@ -40,7 +41,7 @@ def _deadline(request: web.Request) -> tuple[str, float]:
     return "total_s", timeouts.total_s
 
 
-async def _open(request: web.Request, watch: Watch) -> aiohttp.ClientResponse:
+async def _open(request: web.Request, watch: Watch) -> Answer:
     route, runtime = request[ROUTE], request[RUNTIME]
     data = request[UPSTREAM_BODY]
     request[TIMING].upstream_sent = time.perf_counter()
@@ -48,8 +49,8 @@ async def _open(request: web.Request, watch: Watch) -> aiohttp.ClientResponse:
     name, limit_s = _deadline(request)
     try:
         with watch.within(limit_s):
-            return await request.app[SESSION].post(
-                url, data=data, headers=request[UPSTREAM_HEADERS], timeout=runtime.upstream_timeout
+            return await request.app[UPSTREAM].post(
+                url, data, request[UPSTREAM_HEADERS], runtime.policy.gateway.timeouts.connect_s
             )
     except TimeoutError as exc:
         cause = describe(exc)
@@ -64,7 +65,7 @@ async def _open(request: web.Request, watch: Watch) -> aiohttp.ClientResponse:
 
 async def _relay(
     request: web.Request,
-    upstream: aiohttp.ClientResponse,
+    upstream: Answer,
     exchange: Exchange,
     attested: bool,
     watch: Watch,

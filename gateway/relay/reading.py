@@ -16,22 +16,23 @@ import aiohttp
 from gateway.audit import sse
 from gateway.errors import AnswerTooLarge, UpstreamTimeout, UpstreamUnavailable
 from gateway.policy.model import Timeouts
+from gateway.relay.client import Answer
 from gateway.relay.failures import describe
 from gateway.relay.watch import Watch
 
 MAX_FIRST_EVENT: Final = 64 * 1024  # the attestation event is a few hundred bytes
 
 
-async def read_chunk(upstream: aiohttp.ClientResponse, watch: Watch, idle_s: float) -> bytes:
+async def read_chunk(upstream: Answer, watch: Watch, idle_s: float) -> bytes:
     """What arrived since the last read (b"" at the end); waits at most `idle_s` for more.
     Arming the watch sets no timer (see `Watch`), so data already buffered costs no check of
     its own: `readany` takes it without waiting."""
     with watch.within(idle_s):
-        return await upstream.content.readany()
+        return await upstream.readany()
 
 
 async def first_event_of(
-    upstream: aiohttp.ClientResponse, watch: Watch, idle_s: float
+    upstream: Answer, watch: Watch, idle_s: float
 ) -> tuple[bytes | None, bytes]:
     """The upstream's first SSE event (with its blank line) and what followed it; (None, all)
     if it never completed."""
@@ -53,7 +54,7 @@ async def first_event_of(
 
 
 async def read_all(
-    upstream: aiohttp.ClientResponse, watch: Watch, timeouts: Timeouts, cap: int, until: float
+    upstream: Answer, watch: Watch, timeouts: Timeouts, cap: int, until: float
 ) -> bytes:
     """The whole plain answer, at most `cap` bytes: each read within `timeouts.idle_s`, all of
     it by the loop time `until` (`timeouts.total_s` after it was sent)."""

@@ -1,8 +1,10 @@
-"""The app's one pooled upstream session: created when the app starts, closed when it stops,
-shared by every upstream call, health check and canary round of the worker.
+"""The app's upstream clients, created when the app starts and closed when it stops: the relay's
+own (`gateway.relay.client`) for every forwarded request, and one pooled aiohttp session shared
+by the health checks, canary rounds and model lists of the worker.
 
-Invariant: no cookie jar (a cookie one tenant's answer set must never ride along with another
-tenant's request), no automatic decompression, no headers of its own beyond what a caller sets.
+Invariant: neither keeps cookies (a cookie one tenant's answer set must never ride along with
+another tenant's request), decompresses, or sends headers of its own beyond what a caller sets
+(and the request's length and Host).
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
+from gateway.relay.client import UpstreamClient
+
 SESSION = web.AppKey("kvfence_upstream_session", aiohttp.ClientSession)
+UPSTREAM = web.AppKey("kvfence_upstream_client", UpstreamClient)
 
 
 async def session_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -24,4 +29,8 @@ async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         skip_auto_headers=("User-Agent", "Accept-Encoding"),
     ) as session:
         app[SESSION] = session
-        yield
+        app[UPSTREAM] = client = UpstreamClient()
+        try:
+            yield
+        finally:
+            client.close()

@@ -25,6 +25,7 @@ from gateway.errors import (
     error_event,
     error_response,
 )
+from gateway.relay.client import Answer
 from gateway.relay.failures import describe
 from gateway.relay.reading import first_event_of, read_chunk
 from gateway.relay.watch import Watch
@@ -47,7 +48,7 @@ async def _send(resp: web.StreamResponse, data: bytes, watch: Watch, deadline_s:
 
 async def relay_stream(
     request: web.Request,
-    upstream: aiohttp.ClientResponse,
+    upstream: Answer,
     exchange: Exchange,
     attested: bool,
     watch: Watch,
