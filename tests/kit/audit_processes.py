@@ -5,7 +5,9 @@ hold. Nothing here imports code newer than the shape commit."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -32,6 +34,19 @@ def gateway_policy(tmp_path: Path, upstream: FakeUpstream, anchor: bool = True) 
     return path
 
 
+_LAUNCHED: list[asyncio.subprocess.Process] = []
+
+
+def reap() -> None:
+    """Kill every gateway `launch` started that still runs (a test that failed midway leaves
+    its gateway behind otherwise), with its workers (each gateway is its own process group)."""
+    while _LAUNCHED:
+        proc = _LAUNCHED.pop()
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,6 +69,7 @@ async def launch(
             *command(policy, port, workers), env={**os.environ, **ENV},
             stdout=asyncio.subprocess.DEVNULL, stderr=out, start_new_session=True,
         )  # fmt: skip
+    _LAUNCHED.append(proc)
 
     def serving() -> list[int]:
         found = [int(orjson.loads(line)["pid"]) for line in logs.read_bytes().splitlines()

@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,15 @@ from gateway.audit.chain.format import mac_key
 from gateway.audit.chain.log import AuditLocked, AuditLog, AuditWriteError
 from gateway.audit.chain.verify import verify_chain
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.kit.audit_processes import chat, command, free_port, gateway_policy, gone, launch
+from tests.kit.audit_processes import (
+    chat,
+    command,
+    free_port,
+    gateway_policy,
+    gone,
+    launch,
+    reap,
+)
 from tests.kit.gateway import ENV
 from tests.kit.polling import until, until_sync
 from tests.kit.tamper import SECRET, record
@@ -155,6 +164,12 @@ async def test_a_log_that_lost_history_is_refused_and_left_untouched(
 
 
 # The real gateway, as processes.
+
+
+@pytest.fixture(autouse=True)
+def _reaped() -> Iterator[None]:
+    yield
+    reap()  # a test that failed midway leaves no gateway running
 
 
 def chains(tmp_path: Path) -> list[dict[str, Any]]:
