@@ -73,8 +73,8 @@ def _header_block(headers: Mapping[str, str], size: int) -> bytes:
 class Answer:
     """One upstream answer: its status and headers, then its body as it arrives (`readany`)."""
 
-    __slots__ = ("_buffered", "_chunks", "_conn", "_ended", "_error", "_waiter", "content_type",
-                 "headers", "status")  # fmt: skip
+    __slots__ = ("_buffered", "_chunks", "_conn", "_ended", "_error", "_released", "_waiter",
+                 "content_type", "headers", "status")  # fmt: skip
 
     def __init__(self, conn: _Connection, status: int, headers: CIMultiDictProxy[str]) -> None:
         self._conn = conn
@@ -87,6 +87,7 @@ class Answer:
         self._ended = False  # the body was read to its end by the parser
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._released = False
 
     async def readany(self) -> bytes:
         """What arrived since the last read; b"" once the body has ended."""
@@ -107,7 +108,12 @@ class Answer:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def release(self) -> None:
-        """Done with this answer: its connection is pooled again if it may be, else closed."""
+        """Done with this answer: its connection is pooled again if it may be, else closed.
+        Only the first call counts: a second must never pool a connection another request has
+        taken since (two requests on one connection would get each other's answers)."""
+        if self._released:
+            return
+        self._released = True
         self._conn.done(self._ended and self._error is None and not self._chunks)
 
     def _feed(self, data: bytes) -> None:

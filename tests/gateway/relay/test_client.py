@@ -110,6 +110,22 @@ async def test_a_connection_is_reused_only_after_a_whole_answer(serve: Serve) ->
     upstream.close()
 
 
+async def test_a_second_release_never_pools_a_connection_in_use(serve: Serve) -> None:
+    server = await serve(lambda request: [OK[:-2] + request[-2:]])  # each answer echoes its body
+    upstream = UpstreamClient()
+    first = await upstream.post(server.url, b"{}", {}, 2.0)
+    assert await first.readany() == b"{}" and await first.readany() == b""
+    first.release()
+    second = await upstream.post(server.url, b"[]", {}, 2.0)  # the same connection, in use
+    first.release()  # again: it must not pool that connection for a third request
+    third = await upstream.post(server.url, b'""', {}, 2.0)
+    assert [await second.readany(), await third.readany()] == [b"[]", b'""']
+    second.release()
+    third.release()
+    assert server.connections == 2
+    upstream.close()
+
+
 async def test_the_request_is_the_line_host_length_and_the_callers_headers(
     serve: Serve,
 ) -> None:
