@@ -42,7 +42,7 @@ def policy_text(vllm_url: str) -> str:
           listen: {{host: 127.0.0.1, port: 0}}
           namespace_keys: [{{id: ns1, secret: {{env: NS_KEY}}, active: true}}]
           api_key_pepper: {{env: PEPPER}}
-          timeouts: {{connect_s: 5, first_byte_s: 120, idle_s: 60}}
+          timeouts: {{connect_s: 5, first_byte_s: 120, idle_s: 120}}
           access_log: false
         backends:
           - name: local-vllm
