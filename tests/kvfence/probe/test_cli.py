@@ -106,7 +106,13 @@ async def test_isolated_exits_0_and_json_goes_to_stdout(
     doc = orjson.loads(run.out)
     assert doc["verdict"] == "isolated"
     assert doc["cross"]["rounds"] == 30 and doc["control"]["metadata"]["passed"]
-    assert doc["power"]["power"] >= 0.9
+    # The counter decides; timing corroborates where the host's load lets its control pass (on
+    # a loaded 2-core host it may not), and the report says which.
+    if doc["control"]["timing"]["passed"]:
+        assert doc["power"]["power"] >= 0.9
+    else:
+        assert doc["power"] is None
+        assert any(r.startswith("timing: A's own repeats were not") for r in doc["reasons"])
     assert "probe: cross 30/30 rounds" in run.err  # progress lines when stderr is not a terminal
 
 
