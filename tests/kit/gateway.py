@@ -27,13 +27,25 @@ def digest(tenant: str) -> str:
     return key_digest(PEPPER.encode(), KEYS[tenant])
 
 
+KIT_TIMEOUTS = "{connect_s: 2, first_byte_s: 1, idle_s: 1, total_s: 1}"
+PATIENT_TIMEOUTS = "{connect_s: 2, first_byte_s: 60, idle_s: 60, total_s: 60}"
+
+
 def policy_text(
-    url: str, *, mode: str = "strip", active: str = "ns1", extra: str = "", header_s: float = 0.5
+    url: str,
+    *,
+    mode: str = "strip",
+    active: str = "ns1",
+    extra: str = "",
+    header_s: float = 0.5,
+    timeouts: str = KIT_TIMEOUTS,
 ) -> str:
     """The kit's policy. `header_s` is how long a connection may wait for its request's headers
     (0.5 s, so the listener's cuts are quick to test); a test that opens many connections at once
     on a loaded host passes more, or a stall of its own loop between connecting and sending gets
-    the connection cut."""
+    the connection cut. `timeouts`: the upstream deadlines, 1 s each so that the deadline tests
+    are quick; a test whose answer must arrive whatever the host's load passes
+    PATIENT_TIMEOUTS (on a busy host a first byte can take more than a second)."""
     return (
         textwrap.dedent(f"""\
         version: 1
@@ -45,7 +57,7 @@ def policy_text(
             - {{id: ns2, secret: {{env: NS_KEY2}}, active: {str(active == "ns2").lower()}}}
           api_key_pepper: {{env: PEPPER}}
           client_inputs: {mode}
-          timeouts: {{connect_s: 2, first_byte_s: 1, idle_s: 1, total_s: 1}}
+          timeouts: {timeouts}
           limits: {{header_timeout_s: {header_s}, body_timeout_s: 0.5, max_body_bytes: 65536}}
           access_log: false
         backends:

@@ -16,22 +16,28 @@ import pytest
 from gateway.listener.connections import GRACE_TICKS, PRESSURE
 from gateway.policy.load import parse_policy
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.kit.gateway import ENV, KEYS, Gateway, policy_text, run_gateway
+from tests.kit.gateway import ENV, KEYS, PATIENT_TIMEOUTS, Gateway, policy_text, run_gateway
 from tests.kit.polling import until
 
 LIMITS = "max_body_bytes: 65536, max_connections: 48, header_timeout_s: 3"
 
 
 @contextlib.asynccontextmanager
-async def capped(upstream: FakeUpstream, limits: str = LIMITS) -> AsyncIterator[Gateway]:
-    text = policy_text(upstream.url).replace("max_body_bytes: 65536", limits)
-    text = text.replace("header_timeout_s: 0.5, ", "").replace(
-        "first_byte_s: 1,", "first_byte_s: 30,"
-    )
+async def capped(
+    upstream: FakeUpstream, limits: str = LIMITS, keep: list[asyncio.StreamWriter] | None = None
+) -> AsyncIterator[Gateway]:
+    """A gateway with `limits`; the connections in `keep` are closed before it stops, so that
+    it need not wait out the streams they hold."""
+    # Upstream deadlines of a minute: the streams held open must stay open while the burst
+    # lands, however long a busy host takes over it.
+    text = policy_text(upstream.url, timeouts=PATIENT_TIMEOUTS)
+    text = text.replace("max_body_bytes: 65536", limits).replace("header_timeout_s: 0.5, ", "")
     gw, runner = await run_gateway(parse_policy(text, "p", env=ENV), upstream)
     try:
         yield gw
     finally:
+        for writer in keep or ():
+            writer.close()
         await gw.session.close()
         await runner.cleanup()
 
@@ -115,7 +121,7 @@ async def test_a_burst_beyond_the_cap_is_answered_and_probes_stay_up() -> None:
     await upstream.start()
     keep: list[asyncio.StreamWriter] = []
     try:
-        async with capped(upstream) as gw:
+        async with capped(upstream, keep=keep) as gw:
             heads = await asyncio.gather(*(answer_head(gw, raw_request("acme"), keep)
                                            for _ in range(120)))  # fmt: skip
             statuses = Counter(status_of(h) for h in heads)
@@ -131,8 +137,6 @@ async def test_a_burst_beyond_the_cap_is_answered_and_probes_stay_up() -> None:
                     answer = await reader.read()
                 assert answer.startswith(b"HTTP/1.1 200") and b"busy: connections" in answer
     finally:
-        for writer in keep:
-            writer.close()
         await upstream.close()
 
 
@@ -143,13 +147,11 @@ async def test_a_cap_counts_a_tenant_by_its_key_not_its_address(per_client: int)
     keep: list[asyncio.StreamWriter] = []
     limits = f"max_body_bytes: 65536, max_connections: 8, max_connections_per_client: {per_client}"
     try:
-        async with capped(upstream, limits) as gw:
+        async with capped(upstream, limits, keep) as gw:
             greedy = await asyncio.gather(*(answer_head(gw, raw_request("globex"), keep)
                                             for _ in range(8)))  # fmt: skip
             assert Counter(map(status_of, greedy)) == {"200": per_client, "503": 8 - per_client}
             normal = [await answer_head(gw, raw_request("acme"), keep) for _ in range(3)]
             assert [status_of(h) for h in normal] == ["200"] * 3
     finally:
-        for writer in keep:
-            writer.close()
         await upstream.close()

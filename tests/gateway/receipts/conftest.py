@@ -13,7 +13,15 @@ import pytest
 
 from gateway.policy.load import parse_policy
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.kit.gateway import ENV, KEYS, Gateway, policy_text, run_gateway
+from tests.kit.gateway import (
+    ENV,
+    KEYS,
+    KIT_TIMEOUTS,
+    PATIENT_TIMEOUTS,
+    Gateway,
+    policy_text,
+    run_gateway,
+)
 from tests.kit.receipts import ReceiptKeys, Tenant, make_receipt_keys, with_receipts
 
 
@@ -32,12 +40,8 @@ async def open_stack(
 ) -> AsyncIterator[Stack]:
     """`patient`: upstream deadlines of a minute, for a test whose many concurrent answers
     share one event loop on a busy host (the kit's 1 s would turn a slow turn into a 504)."""
-    text = with_receipts(policy_text(upstream.url), keys)
-    if patient:
-        slow = "timeouts: {connect_s: 2, first_byte_s: 60, idle_s: 60, total_s: 60}"
-        kit = "timeouts: {connect_s: 2, first_byte_s: 1, idle_s: 1, total_s: 1}"
-        text = text.replace(kit, slow, 1)
-        assert slow in text
+    timeouts = PATIENT_TIMEOUTS if patient else KIT_TIMEOUTS
+    text = with_receipts(policy_text(upstream.url, timeouts=timeouts), keys)
     text = text.replace("scope: session,\n", "scope: session, receipts: false,\n", 1)
     policy = parse_policy(text, str(keys.folder / "policy.yaml"), env=ENV, base=keys.folder)
     gw, runner = await run_gateway(policy, upstream, state_dir=keys.folder / "state")
