@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.kit.gateway import Gateway, make_policy, run_gateway
+from tests.kit.gateway import QUICK_TIMEOUTS, Gateway, make_policy, run_gateway
 
 
 @pytest.fixture
@@ -22,6 +22,16 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 @pytest.fixture
 async def gw(upstream: FakeUpstream) -> AsyncIterator[Gateway]:
     gateway, runner = await run_gateway(make_policy(upstream.url), upstream)
+    yield gateway
+    await gateway.session.close()
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def quick_gw(upstream: FakeUpstream) -> AsyncIterator[Gateway]:
+    """`gw` with upstream deadlines of 1 s, for a test of a deadline."""
+    policy = make_policy(upstream.url, timeouts=QUICK_TIMEOUTS)
+    gateway, runner = await run_gateway(policy, upstream)
     yield gateway
     await gateway.session.close()
     await runner.cleanup()

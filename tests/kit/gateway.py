@@ -27,8 +27,13 @@ def digest(tenant: str) -> str:
     return key_digest(PEPPER.encode(), KEYS[tenant])
 
 
-KIT_TIMEOUTS = "{connect_s: 2, first_byte_s: 1, idle_s: 1, total_s: 1}"
-PATIENT_TIMEOUTS = "{connect_s: 2, first_byte_s: 60, idle_s: 60, total_s: 60}"
+def deadlines(first_byte_s: float = 1, idle_s: float = 1, total_s: float = 1) -> str:
+    """A policy's `timeouts` (upstream deadlines) with these values, for a test of a deadline."""
+    return f"{{connect_s: 2, first_byte_s: {first_byte_s}, idle_s: {idle_s}, total_s: {total_s}}}"
+
+
+PATIENT_TIMEOUTS = deadlines(60, 60, 60)
+QUICK_TIMEOUTS = deadlines()
 
 
 def policy_text(
@@ -38,14 +43,14 @@ def policy_text(
     active: str = "ns1",
     extra: str = "",
     header_s: float = 0.5,
-    timeouts: str = KIT_TIMEOUTS,
+    timeouts: str = PATIENT_TIMEOUTS,
 ) -> str:
     """The kit's policy. `header_s` is how long a connection may wait for its request's headers
     (0.5 s, so the listener's cuts are quick to test); a test that opens many connections at once
     on a loaded host passes more, or a stall of its own loop between connecting and sending gets
-    the connection cut. `timeouts`: the upstream deadlines, 1 s each so that the deadline tests
-    are quick; a test whose answer must arrive whatever the host's load passes
-    PATIENT_TIMEOUTS (on a busy host a first byte can take more than a second)."""
+    the connection cut. `timeouts`: the upstream deadlines, a minute each, so that an answer
+    arrives whatever the host's load (on a busy host a first byte can take over a second); a
+    test of a deadline itself passes QUICK_TIMEOUTS (1 s each) or its own."""
     return (
         textwrap.dedent(f"""\
         version: 1

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.policy.load import parse_policy
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.kit.gateway import ENV, KEYS, PATIENT_TIMEOUTS, policy_text, run_gateway
+from tests.kit.gateway import ENV, KEYS, policy_text, run_gateway
 from tests.kit.polling import until
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -24,10 +24,7 @@ async def status(resp: aiohttp.ClientResponse) -> int:
 
 
 def limited(url: str, limits: str, extra: str = "") -> str:
-    """The kit's policy with `limits` on acme, and upstream deadlines of a minute: these tests
-    count answers and refusals, and on a busy host the kit's 1 s turns a slow answer, or a stream
-    held open on purpose, into a 504."""
-    text = policy_text(url, extra=extra, timeouts=PATIENT_TIMEOUTS)
+    text = policy_text(url, extra=extra)
     return text.replace(
         "scope: tenant, models: [smollm2]}",
         f"scope: tenant, models: [smollm2], limits: {limits}}}",
@@ -138,7 +135,7 @@ async def test_workers_share_one_allowance(upstream: FakeUpstream, tmp_path: Pat
 async def test_the_in_flight_cap_answers_503_not_a_closed_connection() -> None:
     upstream = FakeUpstream(mode="hold")
     await upstream.start()
-    text = policy_text(upstream.url, timeouts=PATIENT_TIMEOUTS).replace(
+    text = policy_text(upstream.url).replace(
         "max_body_bytes: 65536", "max_body_bytes: 65536, max_in_flight: 2"
     )
     gw, runner = await run_gateway(parse_policy(text, "p", env=ENV), upstream)

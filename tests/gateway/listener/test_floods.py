@@ -16,7 +16,7 @@ import pytest
 from gateway.listener.connections import GRACE_TICKS, PRESSURE
 from gateway.policy.load import parse_policy
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.kit.gateway import ENV, KEYS, PATIENT_TIMEOUTS, Gateway, policy_text, run_gateway
+from tests.kit.gateway import ENV, KEYS, Gateway, policy_text, run_gateway
 from tests.kit.polling import until
 
 LIMITS = "max_body_bytes: 65536, max_connections: 48, header_timeout_s: 3"
@@ -28,9 +28,7 @@ async def capped(
 ) -> AsyncIterator[Gateway]:
     """A gateway with `limits`; the connections in `keep` are closed before it stops, so that
     it need not wait out the streams they hold."""
-    # Upstream deadlines of a minute: the streams held open must stay open while the burst
-    # lands, however long a busy host takes over it.
-    text = policy_text(upstream.url, timeouts=PATIENT_TIMEOUTS)
+    text = policy_text(upstream.url)  # its streams held open stay open (deadlines of a minute)
     text = text.replace("max_body_bytes: 65536", limits).replace("header_timeout_s: 0.5, ", "")
     gw, runner = await run_gateway(parse_policy(text, "p", env=ENV), upstream)
     try:

@@ -5,7 +5,7 @@ import asyncio
 from gateway.listener.connections import GRACE_TICKS, PRESSURE
 from gateway.policy.load import parse_policy
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.kit.gateway import ENV, KEYS, PATIENT_TIMEOUTS, Gateway, policy_text, run_gateway
+from tests.kit.gateway import ENV, KEYS, Gateway, policy_text, run_gateway
 from tests.kit.polling import until
 
 
@@ -62,9 +62,8 @@ async def test_body_over_limit_is_413(gw: Gateway) -> None:
 
 
 def _capped(url: str) -> str:
-    # Upstream deadlines of a minute: a stream held open stays open for the whole test.
     return (
-        policy_text(url, timeouts=PATIENT_TIMEOUTS)
+        policy_text(url)
         .replace(
             "max_body_bytes: 65536",
             "max_body_bytes: 65536, max_connections: 2, header_timeout_s: 30",

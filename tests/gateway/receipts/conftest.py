@@ -13,15 +13,7 @@ import pytest
 
 from gateway.policy.load import parse_policy
 from tests.fakes.openai_upstream import FakeUpstream
-from tests.kit.gateway import (
-    ENV,
-    KEYS,
-    KIT_TIMEOUTS,
-    PATIENT_TIMEOUTS,
-    Gateway,
-    policy_text,
-    run_gateway,
-)
+from tests.kit.gateway import ENV, KEYS, Gateway, policy_text, run_gateway
 from tests.kit.receipts import ReceiptKeys, Tenant, make_receipt_keys, with_receipts
 
 
@@ -35,13 +27,8 @@ class Stack:
 
 
 @asynccontextmanager
-async def open_stack(
-    keys: ReceiptKeys, upstream: FakeUpstream, patient: bool = False
-) -> AsyncIterator[Stack]:
-    """`patient`: upstream deadlines of a minute, for a test whose many concurrent answers
-    share one event loop on a busy host (the kit's 1 s would turn a slow turn into a 504)."""
-    timeouts = PATIENT_TIMEOUTS if patient else KIT_TIMEOUTS
-    text = with_receipts(policy_text(upstream.url, timeouts=timeouts), keys)
+async def open_stack(keys: ReceiptKeys, upstream: FakeUpstream) -> AsyncIterator[Stack]:
+    text = with_receipts(policy_text(upstream.url), keys)
     text = text.replace("scope: session,\n", "scope: session, receipts: false,\n", 1)
     policy = parse_policy(text, str(keys.folder / "policy.yaml"), env=ENV, base=keys.folder)
     gw, runner = await run_gateway(policy, upstream, state_dir=keys.folder / "state")

@@ -28,7 +28,7 @@ ANSWERS = 120
 
 @pytest.fixture
 async def stack(receipt_keys: ReceiptKeys, upstream: FakeUpstream) -> AsyncIterator[Stack]:
-    async with open_stack(receipt_keys, upstream, patient=True) as opened:
+    async with open_stack(receipt_keys, upstream) as opened:
         yield opened
 
 

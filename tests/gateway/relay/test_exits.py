@@ -38,7 +38,6 @@ async def audited(mode: str, log: Path, tenant_limits: str = "") -> AsyncIterato
     text = policy_text(upstream.url).replace(
         "access_log: false", f"access_log: false\n  audit_log: {{path: {log}, key: {{env: AUDIT}}}}"
     )
-    text = text.replace("first_byte_s: 1,", "first_byte_s: 30,")
     if tenant_limits:
         text = text.replace("id: acme, ", f"id: acme, limits: {{{tenant_limits}}}, ")
     gw, runner = await run_gateway(

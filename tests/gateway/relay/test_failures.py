@@ -12,7 +12,7 @@ import pytest
 
 from gateway.policy.load import parse_policy
 from tests.fakes.raw_upstream import RawUpstream
-from tests.kit.gateway import ENV, Gateway, policy_text, run_gateway
+from tests.kit.gateway import ENV, QUICK_TIMEOUTS, Gateway, policy_text, run_gateway
 
 AUDIT_KEY = "audit-key-0123456789abcdef"
 # (mode, streamed?, status the client sees, the record's reason)
@@ -40,7 +40,7 @@ async def test_each_failure_is_answered_and_recorded_once(
     upstream = RawUpstream(mode)
     await upstream.start()
     log = tmp_path / "audit.jsonl"
-    text = policy_text(upstream.url).replace(
+    text = policy_text(upstream.url, timeouts=QUICK_TIMEOUTS).replace(
         "access_log: false",
         f"access_log: false\n  audit_log: {{path: {log}, key: {{env: AUDIT}}}}",
     )

@@ -61,9 +61,9 @@ async def test_upstream_unreachable_is_502(gw: Gateway) -> None:
     assert resp.status == 502
 
 
-async def test_upstream_stalled_before_response_is_504(gw: Gateway) -> None:
-    gw.upstream.mode = "stall_before"
-    resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG})
+async def test_upstream_stalled_before_response_is_504(quick_gw: Gateway) -> None:
+    quick_gw.upstream.mode = "stall_before"
+    resp = await quick_gw.chat("acme", {"model": "smollm2", "messages": MSG})
     assert resp.status == 504
     assert (await resp.json())["error"]["type"] == "server_error"
 

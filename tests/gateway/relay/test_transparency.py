@@ -15,7 +15,7 @@ from gateway.policy.load import parse_policy
 from gateway.relay.error_shape import openai_shaped
 from kvfence.verdict import VERDICT_HEADER
 from tests.fakes.openai_upstream import MODEL_CARDS, FakeUpstream
-from tests.kit.gateway import ENV, Gateway, policy_text, run_gateway
+from tests.kit.gateway import ENV, Gateway, deadlines, policy_text, run_gateway
 
 MSG = [{"role": "user", "content": "L'Étoile"}]
 
@@ -105,8 +105,8 @@ def test_an_openai_error_passes_byte_for_byte() -> None:
 
 @pytest.fixture
 async def slow(upstream: FakeUpstream) -> AsyncIterator[Gateway]:
-    upstream.plain_delay_s = 1.5  # beyond first_byte_s (1 s in the fixtures' policy)
-    text = policy_text(upstream.url).replace("total_s: 1}", "total_s: 5}")
+    upstream.plain_delay_s = 1.5  # beyond first_byte_s
+    text = policy_text(upstream.url, timeouts=deadlines(first_byte_s=1, total_s=5))
     async for gw in _gateway(upstream, text):
         yield gw
 
@@ -119,7 +119,7 @@ async def test_a_plain_answer_slower_than_first_byte_is_answered(slow: Gateway) 
 
 async def test_a_plain_answer_past_total_s_is_a_504(upstream: FakeUpstream) -> None:
     upstream.plain_delay_s = 3.0
-    text = policy_text(upstream.url).replace("total_s: 1}", "total_s: 0.5}")
+    text = policy_text(upstream.url, timeouts=deadlines(total_s=0.5))
     async for gw in _gateway(upstream, text):
         resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG})
         assert resp.status == 504
@@ -141,7 +141,7 @@ async def test_a_plain_body_is_limited_by_idle_s_per_read_and_total_s_in_all(
     message: str | None,
 ) -> None:  # fmt: skip
     upstream.trickle, upstream.trickle_s = pieces, apart_s  # headers at once, then the body
-    text = policy_text(upstream.url).replace("total_s: 1}", f"total_s: {total_s}}}")
+    text = policy_text(upstream.url, timeouts=deadlines(idle_s=1, total_s=total_s))
     async for gw in _gateway(upstream, text):
         resp = await gw.chat("acme", {"model": "smollm2", "messages": MSG})
         assert resp.status == status
