@@ -3,6 +3,7 @@ stack itself is `tests.kit.gateway`, which the benchmarks start too)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -19,19 +20,24 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
     await fake.close()
 
 
+@contextlib.asynccontextmanager
+async def _gateway(upstream: FakeUpstream, **policy: str) -> AsyncIterator[Gateway]:
+    gateway, runner = await run_gateway(make_policy(upstream.url, **policy), upstream)
+    try:
+        yield gateway
+    finally:
+        await gateway.session.close()
+        await runner.cleanup()
+
+
 @pytest.fixture
 async def gw(upstream: FakeUpstream) -> AsyncIterator[Gateway]:
-    gateway, runner = await run_gateway(make_policy(upstream.url), upstream)
-    yield gateway
-    await gateway.session.close()
-    await runner.cleanup()
+    async with _gateway(upstream) as gateway:
+        yield gateway
 
 
 @pytest.fixture
 async def quick_gw(upstream: FakeUpstream) -> AsyncIterator[Gateway]:
     """`gw` with upstream deadlines of 1 s, for a test of a deadline."""
-    policy = make_policy(upstream.url, timeouts=QUICK_TIMEOUTS)
-    gateway, runner = await run_gateway(policy, upstream)
-    yield gateway
-    await gateway.session.close()
-    await runner.cleanup()
+    async with _gateway(upstream, timeouts=QUICK_TIMEOUTS) as gateway:
+        yield gateway
