@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.hog import cpu_hog
 from bench.machine import describe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,11 +57,6 @@ def policies(spins: list[int]) -> dict[str, dict[str, str]]:
     return out
 
 
-def _hog(stop: Any) -> None:
-    while not stop.is_set():
-        sum(range(10_000))
-
-
 def measure(env: dict[str, str], steps: int, runs: int) -> dict[str, Any]:
     full = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     full |= env | {"PYTHONPATH": str(ROOT)}
@@ -83,14 +78,7 @@ def main() -> None:
     chosen = policies([int(n) for n in args.spins.split(",") if n])
     rows: list[dict[str, Any]] = []
     for host in ("quiet", "hog"):
-        stop = multiprocessing.Event()
-        hogs = [
-            multiprocessing.Process(target=_hog, args=(stop,)) for _ in range(os.cpu_count() or 1)
-        ]
-        if host == "hog":
-            for h in hogs:
-                h.start()
-        try:
+        with cpu_hog(None if host == "hog" else 0):
             for name, env in chosen.items():
                 t0 = time.perf_counter()
                 print(f"  {host:5} {name:12} ...", end="", flush=True, file=sys.stderr)
@@ -99,11 +87,6 @@ def main() -> None:
                 )
                 print(f" {time.perf_counter() - t0:.0f} s", file=sys.stderr)
                 rows.append(row)
-        finally:
-            stop.set()
-            for h in hogs:
-                if h.is_alive():
-                    h.join()
     print(f"{'host':6}{'policy':14}{'batch 1 tok/s':>15}{'batch 8 tok/s':>15}{'idle CPU':>10}")
     for r in rows:
         print(f"{r['host']:6}{r['policy']:14}{r['batch1']:15.1f}{r['batch8']:15.1f}"
