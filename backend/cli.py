@@ -73,6 +73,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the largest share of KV blocks any tenant may hold (caps what handles ask for)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--fixed-threads",
+        action="store_true",
+        help="keep --threads whatever the host's load (default: fewer while other work takes "
+        "the cores, where the kernels give the same bits at every count)",
+    )
     parser.add_argument("--log-level", default="info")
 
 
@@ -108,6 +114,8 @@ def build(args: argparse.Namespace) -> web.Application:
     from backend.runner import ModelRunner
     from backend.server import create_app
     from backend.service import Backend, ServedModel
+    from backend.thread_probe import agree, thread_counts
+    from backend.threads import ThreadGovernor, readable
     from backend.worker import EngineWorker
     from kvfence.attestation import AttestationSigner
     from kvfence.handle import HandleVerifier
@@ -124,15 +132,33 @@ def build(args: argparse.Namespace) -> web.Application:
         prefill_policy=args.prefill_policy,
     )
 
-    def build_engine() -> tuple[Engine, tuple[LoadedModel, ModelRunner, int]]:
-        # Runs on the engine thread, so the weights and every step share one OpenMP pool.
+    def build_engine() -> tuple[Engine, tuple[LoadedModel, ModelRunner, int, str]]:
+        # Runs on the engine thread, so the weights and every step share one OpenMP pool, and
+        # the governor's thread counts are this thread's (OpenMP keeps them per thread).
         if args.threads:
             torch.set_num_threads(args.threads)
         loaded = load_model(args.model, device=args.device, dtype=args.dtype)
         runner = ModelRunner(loaded, num_blocks=args.kv_blocks, block_size=args.block_size)
-        return Engine(runner, config), (loaded, runner, torch.get_num_threads())
+        threads = torch.get_num_threads()
+        return Engine(runner, config), (loaded, runner, threads, governed(runner, threads))
 
-    worker, (loaded, runner, threads) = EngineWorker.boot(build_engine)
+    def governed(runner: ModelRunner, threads: int) -> str:
+        """Why the thread count may change or not ("" when it may: built in `governors`)."""
+        if args.fixed_threads:
+            return "--fixed-threads"
+        if runner.device.type != "cpu" or threads < 2:
+            return "one thread or not a CPU"
+        if not readable():
+            return "this host does not report its CPU time (/proc/stat, /proc/self/stat)"
+        if not agree(runner, thread_counts(threads)):
+            return "this host's kernels give other bits at another thread count"
+        governors.append(ThreadGovernor(threads, torch.set_num_threads))
+        return ""
+
+    governors: list[ThreadGovernor] = []
+    worker, (loaded, runner, threads, fixed) = EngineWorker.boot(build_engine)
+    worker.start_threads = threads
+    worker.governor = governors[0] if governors else None
     name = args.served_name or loaded.name
     model = ServedModel(name, args.revision, loaded.config.max_positions)
     signer = AttestationSigner(signing_key, args.key_id or args.signing_key.stem, args.id)
@@ -152,7 +178,9 @@ def build(args: argparse.Namespace) -> web.Application:
             "dtype_reason": loaded.dtype_reason,
             "kernels": runner.kernel_plans(),
             "threads": threads,
+            "threads_fixed_because": fixed or None,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
             "max_step_tokens": args.max_step_tokens,
             "prefill_policy": args.prefill_policy,
             "kv_blocks": args.kv_blocks,

@@ -58,12 +58,19 @@ class BackendMetrics:
             ["group", "kind"],
             registry=r,
         )
+        self.engine_threads = Gauge(
+            "kvfence_backend_engine_threads",
+            "Threads the engine's kernels use now (fewer while other work takes the cores)",
+            registry=r,
+        )
         self.flushes = Counter(
             "kvfence_backend_flushed_blocks", "Blocks dropped by admin flushes", registry=r
         )
 
-    def observe_stats(self, stats: Any) -> None:
-        """Copies an engine stats snapshot into the gauges (called at scrape time)."""
+    def observe_stats(self, stats: Any, threads: int) -> None:
+        """Copies an engine stats snapshot and the engine's thread count into the gauges (called
+        at scrape time)."""
+        self.engine_threads.set(threads)
         self.blocks_used.set(stats.blocks_used)
         self.blocks_free.set(stats.blocks_free)
         self.blocks_cached.set(stats.blocks_cached)

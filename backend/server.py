@@ -120,7 +120,8 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     backend = request.app[BACKEND]
-    backend.metrics.observe_stats(await backend.worker.call(lambda engine: engine.stats()))
+    stats = await backend.worker.call(lambda engine: engine.stats())
+    backend.metrics.observe_stats(stats, backend.worker.threads)
     return web.Response(
         body=generate_latest(backend.metrics.registry), content_type="text/plain", charset="utf-8"
     )

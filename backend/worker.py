@@ -22,6 +22,7 @@ from backend.engine.plan import SamplingParams
 from backend.engine.scheduler import OverCapacity
 from backend.engine.sequence import Segment
 from backend.errors import BackendError, ContextLengthExceeded, EngineDown
+from backend.threads import ThreadGovernor
 from kvfence.capability import Namespace
 
 log = logging.getLogger("kvfence.backend.worker")
@@ -65,6 +66,8 @@ class EngineWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self.governor: ThreadGovernor | None = None  # consulted after every step
+        self.start_threads = 0  # the kernels' thread count at start-up (0: not a CPU count)
 
     @classmethod
     def boot(cls, build: Callable[[], tuple[Engine, T]]) -> tuple[EngineWorker, T]:
@@ -107,6 +110,11 @@ class EngineWorker:
     def block_size(self) -> int:
         assert self._engine is not None
         return self._engine.config.block_size
+
+    @property
+    def threads(self) -> int:
+        """The kernels' thread count now."""
+        return self.governor.threads if self.governor is not None else self.start_threads
 
     @property
     def healthy(self) -> bool:
@@ -155,10 +163,14 @@ class EngineWorker:
         try:
             while True:
                 block = not engine.has_work()
+                if block and self.governor is not None:
+                    self.governor.idle()
                 if not self._drain(engine, block, seq_of, stream_of):
                     return
                 if engine.has_work():
                     outputs = engine.step()
+                    if self.governor is not None:
+                        self.governor.after_step()
                     routed = [(stream_of.get(o.seq_id, 0), o) for o in outputs]
                     for o in outputs:
                         if o.finished:

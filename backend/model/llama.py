@@ -97,10 +97,13 @@ class Llama:
 
     def row_plans(self) -> str:
         """How the projections feed their kernels on this host (for the start-up log)."""
-        p = self._proj[0]
-        names = {"qkv": p.qkv, "o": p.o, "gate_up": p.gate_up, "down": p.down, "head": self._head}
-        plans = [f"{name}: {proj.plan.describe()}" for name, proj in names.items()]
+        plans = [f"{name}: {proj.plan.describe()}" for name, proj in self.projections().items()]
         return "; ".join([*plans, self._swiglu.describe()])
+
+    def projections(self) -> dict[str, Projection]:
+        """One projection of each kind (a kernel is chosen by shape, so one stands for all)."""
+        p = self._proj[0]
+        return {"qkv": p.qkv, "o": p.o, "gate_up": p.gate_up, "down": p.down, "head": self._head}
 
     def decode_weight_bytes(self) -> int:
         """Bytes of weights one decode step reads at batch 1: every projection as its kernel

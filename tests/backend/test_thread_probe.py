@@ -1,0 +1,65 @@
+"""The start-up probe that lets the engine change its thread count: it says yes only where every
+count gives the same bits, and leaves the thread count and the pool as it found them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.model import LoadedModel
+from backend.model.kv_pool import AttnGroup
+from backend.model.llama import Attention
+from backend.runner import ModelRunner
+from backend.thread_probe import agree, thread_counts
+
+
+def test_counts_halve_down_to_one() -> None:
+    assert thread_counts(1) == (1,)
+    assert thread_counts(2) == (2, 1)
+    assert thread_counts(6) == (6, 3, 1)
+    assert thread_counts(16) == (16, 8, 4, 2, 1)
+
+
+@pytest.fixture
+def runner(tiny_model: LoadedModel) -> ModelRunner:
+    return ModelRunner(tiny_model, num_blocks=64, block_size=4)
+
+
+def test_this_hosts_kernels_agree_and_the_probe_leaves_no_trace(runner: ModelRunner) -> None:
+    before = torch.get_num_threads()
+    assert agree(runner, (2, 1))
+    assert torch.get_num_threads() == before
+    assert not runner.pool.k.any() and not runner.pool.v.any()
+
+
+def test_a_kernel_whose_bits_follow_the_thread_count_is_caught(
+    runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proj = runner.model.projections()["down"]
+    kernel = proj._kernel
+
+    def drifting(x: torch.Tensor) -> torch.Tensor:
+        out = kernel(x)
+        return out + 1e-3 if torch.get_num_threads() == 1 else out
+
+    monkeypatch.setattr(proj, "_kernel", drifting)
+    assert not agree(runner, (2, 1))
+
+
+def test_a_step_that_follows_the_thread_count_is_caught(
+    runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attention is not a projection: only the paged steps can see it drift."""
+    attention = runner.pool.attention
+
+    def drifting(slots: torch.Tensor, groups: list[AttnGroup]) -> Attention:
+        paged = attention(slots, groups)
+
+        def call(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            out = paged(layer, q, k, v)
+            return out * 1.01 if torch.get_num_threads() == 1 else out
+
+        return call
+
+    monkeypatch.setattr(runner.pool, "attention", drifting)
+    assert not agree(runner, (2, 1))
