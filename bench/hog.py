@@ -1,6 +1,7 @@
 """A CPU hog on every core, for the runs that judge a goal on a loaded host: one busy Python
-process per core (pure arithmetic, no memory traffic to speak of), started before the work and
-stopped after it, even when the work fails.
+process per core (pure arithmetic, no memory traffic to speak of), each in a session of its own
+as another user's or container's work would be (Linux shares the CPU between sessions first,
+autogroups), started before the work and stopped after it, even when the work fails.
 
     with cpu_hog():  # or cpu_hog(0): nothing beside the work
         ...
@@ -16,6 +17,7 @@ from typing import Any
 
 
 def _spin(stop: Any) -> None:
+    os.setsid()
     while not stop.is_set():
         sum(range(10_000))
 

@@ -95,6 +95,7 @@ def main() -> None:
     loaded = load_model(args.model, dtype=args.dtype)
     out: dict[str, Any] = {"dtype": str(loaded.dtype).removeprefix("torch.")}
     out |= {"threads": args.threads, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+    out |= {"gomp_spincount": os.environ.get("GOMP_SPINCOUNT")}
     out |= measure(loaded, args.steps, args.runs)
     print(json.dumps(out))
 
