@@ -22,6 +22,10 @@ from kvfence.listen import ListenError, check_listen
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from backend.threads import ThreadGovernor
+
+    Governed = tuple[ThreadGovernor | None, str]  # the governor, or None and why not
+
 log = logging.getLogger("kvfence.backend")
 
 
@@ -132,7 +136,7 @@ def build(args: argparse.Namespace) -> web.Application:
         prefill_policy=args.prefill_policy,
     )
 
-    def build_engine() -> tuple[Engine, tuple[LoadedModel, ModelRunner, int, str]]:
+    def build_engine() -> tuple[Engine, tuple[LoadedModel, ModelRunner, int, Governed]]:
         # Runs on the engine thread, so the weights and every step share one OpenMP pool, and
         # the governor's thread counts are this thread's (OpenMP keeps them per thread).
         if args.threads:
@@ -142,23 +146,20 @@ def build(args: argparse.Namespace) -> web.Application:
         threads = torch.get_num_threads()
         return Engine(runner, config), (loaded, runner, threads, governed(runner, threads))
 
-    def governed(runner: ModelRunner, threads: int) -> str:
-        """Why the thread count may change or not ("" when it may: built in `governors`)."""
+    def governed(runner: ModelRunner, threads: int) -> Governed:
+        """The engine's thread governor, or None and why its thread count stays."""
         if args.fixed_threads:
-            return "--fixed-threads"
+            return None, "--fixed-threads"
         if runner.device.type != "cpu" or threads < 2:
-            return "one thread or not a CPU"
+            return None, "one thread or not a CPU"
         if not readable():
-            return "this host does not report its CPU time (/proc/stat, /proc/self/stat)"
+            return None, "this host does not report its CPU time (/proc/stat, /proc/self/stat)"
         if not agree(runner, thread_counts(threads)):
-            return "this host's kernels give other bits at another thread count"
-        governors.append(ThreadGovernor(threads, torch.set_num_threads))
-        return ""
+            return None, "this host's kernels give other bits at another thread count"
+        return ThreadGovernor(threads, torch.set_num_threads), ""
 
-    governors: list[ThreadGovernor] = []
-    worker, (loaded, runner, threads, fixed) = EngineWorker.boot(build_engine)
-    worker.start_threads = threads
-    worker.governor = governors[0] if governors else None
+    worker, (loaded, runner, threads, (governor, fixed)) = EngineWorker.boot(build_engine)
+    worker.start_threads, worker.governor = threads, governor
     name = args.served_name or loaded.name
     model = ServedModel(name, args.revision, loaded.config.max_positions)
     signer = AttestationSigner(signing_key, args.key_id or args.signing_key.stem, args.id)
