@@ -93,7 +93,6 @@ class ThreadGovernor:
         self._last = read()
         self._due = clock() + period_s
         self._rested = False
-        self.changes = 0
 
     def idle(self) -> None:
         """The engine ran out of work: what the host does until it has some again (other
@@ -136,4 +135,3 @@ class ThreadGovernor:
         )
         self._apply(threads)
         self.threads, self._calm = threads, 0
-        self.changes += 1
