@@ -50,6 +50,7 @@ class Observation:
     nonce: int
     stream: bytes
     bound: fp.Fingerprints
+    hashed: hashlib.blake2b  # the bound hasher after the whole prompt: the answer's keys go on
     before: list[bool]
     exact: fp.Fingerprints | None = None
     exact_ids: list[int] | None = None
@@ -84,6 +85,7 @@ class Finding:
 
 
 NO_HIT: Final = Finding(None, "")
+RECORDERS_KEPT: Final = 4096  # (tenant, namespace) tags kept; past that the memo starts over
 
 
 class Detective:
@@ -94,6 +96,7 @@ class Detective:
         self._secret = secret
         self._tokenizers: dict[Path, ChatTokenizer] = {}
         self._unloadable: set[Path] = set()
+        self._recorders: dict[tuple[str, str], Recorder] = {}
 
     def preload(self, folders: Iterable[Path]) -> None:
         """Load the tokenizers a policy names when the worker starts, so none is first loaded
@@ -113,10 +116,16 @@ class Detective:
         return found
 
     def recorder(self, tenant: str, namespace: str) -> Recorder:
-        digest = hashlib.blake2b(
-            tenant.encode(), key=self._secret[:64], digest_size=8, person=b"kvfence-tenant"
-        ).digest()
-        return Recorder(int.from_bytes(digest, "big") or 1, fp.namespace_tag(namespace))
+        found = self._recorders.get((tenant, namespace))
+        if found is None:
+            if len(self._recorders) >= RECORDERS_KEPT:
+                self._recorders.clear()
+            digest = hashlib.blake2b(
+                tenant.encode(), key=self._secret[:64], digest_size=8, person=b"kvfence-tenant"
+            ).digest()
+            found = Recorder(int.from_bytes(digest, "big") or 1, fp.namespace_tag(namespace))
+            self._recorders[tenant, namespace] = found
+        return found
 
     async def record(
         self,
@@ -130,10 +139,11 @@ class Detective:
         """Fingerprint and record the prompt (before the request is forwarded)."""
         stream, starts = fp.prompt_stream(path, body)
         positions = fp.checkpoints(stream)
-        keys = fp.bound_keys(self._secret, model, stream, positions)
+        hashed = fp.bound_hasher(self._secret, model)
+        keys = fp.extend_keys(hashed, stream, 0, positions)
         bound = fp.Fingerprints(tuple(keys), tuple(positions), len(stream), False, starts)
         who = self.recorder(tenant, namespace)
-        obs = Observation(settings, model, who, entropy.nonce32(), stream, bound, [])
+        obs = Observation(settings, model, who, entropy.nonce32(), stream, bound, hashed, [])
         tokenizer = self._tokenizer(settings.tokenizer) if settings.tokenizer else None
         if tokenizer is not None:
             ids = await asyncio.to_thread(tokenizer.prompt_ids, path, body)
@@ -162,7 +172,7 @@ class Detective:
             return
         longer = obs.stream + fp.assistant_turn(text)
         positions = fp.checkpoints(longer, start=obs.bound.total)
-        keys = fp.bound_keys(self._secret, obs.model, longer, positions)
+        keys = fp.extend_keys(obs.hashed.copy(), longer, obs.bound.total, positions)
         folder = obs.settings.tokenizer
         tokenizer = self._tokenizer(folder) if folder is not None else None
         if tokenizer is not None and obs.exact_ids is not None:

@@ -94,11 +94,22 @@ def _keyed(secret: bytes, person: bytes) -> hashlib.blake2b:
     return hashlib.blake2b(key=secret[:64], digest_size=16, person=person)
 
 
-def bound_keys(secret: bytes, model: str, stream: bytes, positions: Sequence[int]) -> list[int]:
-    """Keyed digests of the model's stream prefixes at `positions` (ascending)."""
+def bound_hasher(secret: bytes, model: str) -> hashlib.blake2b:
+    """The keyed hasher of the model's stream, before any of the stream."""
     h = _keyed(secret, b"kvfence-hist-b").copy()
     h.update(model.encode() + b"\x00")
-    keys, at = [], 0
+    return h
+
+
+def bound_keys(secret: bytes, model: str, stream: bytes, positions: Sequence[int]) -> list[int]:
+    """Keyed digests of the model's stream prefixes at `positions` (ascending)."""
+    return extend_keys(bound_hasher(secret, model), stream, 0, positions)
+
+
+def extend_keys(h: hashlib.blake2b, stream: bytes, at: int, positions: Sequence[int]) -> list[int]:
+    """`bound_keys` from a hasher that has taken `stream[:at]`; it is left at the last position
+    (so a longer stream's keys go on from there without hashing the prefix again)."""
+    keys = []
     for p in positions:
         h.update(stream[at:p])
         at = p

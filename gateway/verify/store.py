@@ -67,6 +67,7 @@ class FingerprintStore:
         self._map = mmap.mmap(self._fd, size)
         head = memoryview(self._map)[HEADER_BYTES : HEADER_BYTES + rows * _DIR.size]
         self._dir_words = head.cast("Q")  # 5 words a row: tag first, entries | home << 32 last
+        self._dir_floats = head.cast("d")  # the same rows: claimed, evicted, last used at 1-3
         body = memoryview(self._map)[HEADER_BYTES + dir_bytes :]
         self._keys = body[: n * 8].cast("Q")
         self._ns = body[n * 8 : n * 16].cast("Q")
@@ -74,7 +75,7 @@ class FingerprintStore:
         self._nonce = body[n * 20 : n * 24].cast("I")
         self._owner = body[n * 24 : n * 28].cast("I")
         self._views = (
-            self._dir_words, head, self._keys, self._ns, self._seen, self._nonce, self._owner, body
+            self._dir_words, self._dir_floats, head, self._keys, self._ns, self._seen, self._nonce, self._owner, body
         )  # fmt: skip
         self._row_of: dict[int, int] = {}
 
@@ -144,51 +145,53 @@ class FingerprintStore:
         return self.record_now(who, keys, nonce, time.time())
 
     def record_now(self, who: Recorder, keys: Sequence[int], nonce: int, now: float) -> list[bool]:
-        stamp = int(now)
-        with self._locked():
+        stamp, ns = int(now), who.namespace
+        words, owners, slot_keys, slot_ns = self._dir_words, self._owner, self._keys, self._ns
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # inline, not `_locked`: twice in every request
+        try:
             row = self._row(who.tenant, now, claim=True)
             assert row is not None
-            home = self._dir(row)[5]
+            at, mine = row * 5 + 4, row + 1
+            home = words[at] >> 32
             before = []
             for key in keys:
-                was, victim, dropped = self._put(home, row, key, who.namespace, stamp, nonce)
-                before.append(was)
-                if victim is not None:
-                    tag, claimed, evicted, used, entries, region = self._dir(victim)
-                    self._set_dir(victim, tag, claimed, max(evicted, dropped), used, entries - 1,
-                                  region)  # fmt: skip
-                if not was:
-                    tag, claimed, evicted, _, entries, region = self._dir(row)
-                    self._set_dir(row, tag, claimed, evicted, now, entries + 1, region)
-            tag, claimed, evicted, _, entries, region = self._dir(row)
-            self._set_dir(row, tag, claimed, evicted, now, entries, region)
+                base = home * self.cap + key % self.cap // BUCKET * BUCKET
+                free = -1
+                for slot in range(base, base + BUCKET):
+                    owner = owners[slot]
+                    if owner == mine and slot_keys[slot] == key and slot_ns[slot] == ns:
+                        self._seen[slot], self._nonce[slot] = stamp, nonce
+                        before.append(True)
+                        break
+                    if owner == 0 and free < 0:
+                        free = slot
+                else:
+                    before.append(False)
+                    if free >= 0:  # the common case: a free slot, no other row's books change
+                        slot_keys[free], slot_ns[free], owners[free] = key, ns, mine
+                        self._seen[free], self._nonce[free] = stamp, nonce
+                        words[at] += 1  # entries, the low half of the row's last word
+                    else:
+                        self._evict_into(base, home, row, key, ns, stamp, nonce)
+            self._dir_floats[row * 5 + 3] = now  # last used
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
         return before
 
-    def _put(
-        self, region: int, row: int, key: int, ns: int, stamp: int, nonce: int
-    ) -> tuple[bool, int | None, float]:
-        """(recorded before, the row whose entry was evicted for it, that entry's seen time)."""
-        mine = row + 1
-        free = victim = None
-        for slot in self._bucket(region, key):
-            owner = self._owner[slot]
-            if self._keys[slot] == key and self._ns[slot] == ns and owner == mine:
-                self._seen[slot], self._nonce[slot] = stamp, nonce
-                return True, None, 0.0
-            if owner == 0:
-                free = slot if free is None else free
-            elif victim is None or self._older(slot, victim):
-                victim = slot
-        evicted: int | None = None
-        dropped = 0.0
-        if free is not None:
-            slot = free
-        else:
-            assert victim is not None
-            slot, evicted, dropped = victim, self._owner[victim] - 1, float(self._seen[victim])
-        self._keys[slot], self._ns[slot], self._owner[slot] = key, ns, mine
+    def _evict_into(
+        self, base: int, home: int, row: int, key: int, ns: int, stamp: int, nonce: int
+    ) -> None:
+        """Record `key` over the bucket's oldest record (`_older`), charging its row."""
+        slot = base
+        for other in range(base + 1, base + BUCKET):
+            if self._older(other, slot):
+                slot = other
+        victim, dropped = self._owner[slot] - 1, float(self._seen[slot])
+        self._keys[slot], self._ns[slot], self._owner[slot] = key, ns, row + 1
         self._seen[slot], self._nonce[slot] = stamp, nonce
-        return False, evicted, dropped
+        tag, claimed, evicted, used, entries, region = self._dir(victim)
+        self._set_dir(victim, tag, claimed, max(evicted, dropped), used, entries - 1, region)
+        self._dir_words[row * 5 + 4] += 1
 
     def _older(self, slot: int, than: int) -> bool:
         """Whether `slot` goes before `than`: its tenant holds more records, or as many and it

@@ -293,3 +293,15 @@ async def test_the_tokenizer_is_loaded_when_the_gateway_starts(upstream: FakeUps
     finally:
         await gw.session.close()
         await runner.cleanup()
+
+
+def test_keys_go_on_from_a_prefix_as_if_the_whole_stream_were_hashed() -> None:
+    prompt, _ = fp.prompt_stream(CHAT, chat("hello there " * 10))
+    longer = prompt + fp.assistant_turn("General Kenobi. " * 12)
+    hasher = fp.bound_hasher(b"s" * 32, "m")
+    assert fp.extend_keys(hasher, prompt, 0, fp.checkpoints(prompt)) == fp.bound_keys(
+        b"s" * 32, "m", prompt, fp.checkpoints(prompt)
+    )
+    tail = fp.checkpoints(longer, start=len(prompt))
+    whole = fp.bound_keys(b"s" * 32, "m", longer, fp.checkpoints(longer))
+    assert fp.extend_keys(hasher, longer, len(prompt), tail) == whole[-len(tail) :]
