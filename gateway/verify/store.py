@@ -75,7 +75,8 @@ class FingerprintStore:
         self._nonce = body[n * 20 : n * 24].cast("I")
         self._owner = body[n * 24 : n * 28].cast("I")
         self._views = (
-            self._dir_words, self._dir_floats, head, self._keys, self._ns, self._seen, self._nonce, self._owner, body
+            self._dir_words, self._dir_floats, head, self._keys, self._ns, self._seen,
+            self._nonce, self._owner, body,
         )  # fmt: skip
         self._row_of: dict[int, int] = {}
 

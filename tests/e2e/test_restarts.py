@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+
 from bench import targets
 
 QUESTIONS = [
@@ -79,4 +80,5 @@ def test_two_starts_give_the_same_bits_batched_or_alone() -> None:
 
 
 def _first_difference(a: Answer, b: Answer) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    pairs = enumerate(zip(a, b, strict=False))
+    return next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
