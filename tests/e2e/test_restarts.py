@@ -42,7 +42,7 @@ async def _ask(session: aiohttp.ClientSession, target: targets.Target, question:
         {
             "model": target.model,
             "messages": [{"role": "user", "content": question}],
-            "max_tokens": 24,
+            "max_tokens": 16,
             "temperature": 0,
             "logprobs": True,
             "top_logprobs": 2,
