@@ -156,9 +156,9 @@ class FingerprintStore:
             home = words[at] >> 32
             before = []
             for key in keys:
-                base = home * self.cap + key % self.cap // BUCKET * BUCKET
+                bucket = self._bucket(home, key)
                 free = -1
-                for slot in range(base, base + BUCKET):
+                for slot in bucket:
                     owner = owners[slot]
                     if owner == mine and slot_keys[slot] == key and slot_ns[slot] == ns:
                         self._seen[slot], self._nonce[slot] = stamp, nonce
@@ -173,18 +173,18 @@ class FingerprintStore:
                         self._seen[free], self._nonce[free] = stamp, nonce
                         words[at] += 1  # entries, the low half of the row's last word
                     else:
-                        self._evict_into(base, home, row, key, ns, stamp, nonce)
+                        self._evict_into(bucket, row, key, ns, stamp, nonce)
             self._dir_floats[row * 5 + 3] = now  # last used
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         return before
 
     def _evict_into(
-        self, base: int, home: int, row: int, key: int, ns: int, stamp: int, nonce: int
+        self, bucket: range, row: int, key: int, ns: int, stamp: int, nonce: int
     ) -> None:
         """Record `key` over the bucket's oldest record (`_older`), charging its row."""
-        slot = base
-        for other in range(base + 1, base + BUCKET):
+        slot = bucket.start
+        for other in bucket[1:]:
             if self._older(other, slot):
                 slot = other
         victim, dropped = self._owner[slot] - 1, float(self._seen[slot])
