@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
-from typing import Any
 
 import aiohttp
 import orjson
@@ -28,7 +28,7 @@ QUESTIONS = [
 Answer = list[tuple[str, float, list[tuple[str, float]]]]
 
 
-def _start() -> Any:
+def _start() -> contextlib.AbstractContextManager[targets.Target]:
     """The backend as the bench starts it: throwaway keys, a fresh signed handle per request."""
     options = argparse.Namespace(
         backend_model="smollm2", model="smollm2", backend_threads=min(os.cpu_count() or 1, 2),
