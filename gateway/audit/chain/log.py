@@ -2,7 +2,8 @@
 loop by one thread (the file itself: `chainfile`; the format: `chain`); with a log identity,
 also a witnessed log (`transparency`: the Merkle tree and batched signed checkpoints).
 
-Invariant: `append` returns only once the line is written (and, with fsync "always", durable);
+Invariant: `append` returns only once the line is written (and, with fsync "always", durable,
+unless the caller asked to go on once it is written: then within `batch_max_ms`);
 any failure raises `AuditWriteError` and every later append fails too (fail closed).
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import threading
 import time
@@ -66,8 +68,8 @@ class Appended:
 @dataclass(frozen=True, slots=True)
 class _Waiter:
     """Where a caller waits for its item: its event loop and a future there; `written`: the
-    caller goes on once its record is written, before the sync that follows (which still comes
-    before any later record of the batch is acknowledged)."""
+    caller goes on once its record is written, before the sync that covers it (the next
+    caller's who waits for one, which comes before that caller is acknowledged)."""
 
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
@@ -95,6 +97,15 @@ def _deliver(outcomes: list[tuple[_Waiter, Any]]) -> None:
             loop.call_soon_threadsafe(_settle, pairs)
 
 
+def _behind_the_loop() -> None:
+    """The writer thread runs as SCHED_BATCH (Linux): a wake-up of its own (a record queued, a
+    sync done) no longer preempts the event loop on a shared core, only for the writer to wait
+    there for the GIL the loop holds; it runs when the loop waits, or once the loop's time slice
+    ends. Elsewhere, or where the call is refused, it stays as it was."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+
+
 @dataclass(frozen=True, slots=True)
 class _Hooked:
     """A record with what to run, on the writer thread, once it is written."""
@@ -106,7 +117,9 @@ class _Hooked:
 class AuditLog:
     """Append-only audit log. fsync "always": each append is durable when it returns, by group
     commit: the writer takes every record queued, writes them, syncs once and only then completes
-    them, so one sync covers every record that arrived while the previous one ran. "batch": an
+    them, so one sync covers every record that arrived while the previous one ran; a `written`
+    append (returned once written) is synced by the next append's sync, or within
+    `batch_max_ms` when none comes. "batch": an
     append returns once written to the OS; a crash of the machine loses at most
     `batch_max_records` records or `batch_max_ms` of them."""
 
@@ -210,6 +223,7 @@ class AuditLog:
         self._thread.join()
 
     def _run(self) -> None:
+        _behind_the_loop()
         unsynced, deadline, asks = 0, 0.0, []
         unmarked, marked_at = False, 0.0  # synced lines the head does not count yet
         while True:
@@ -225,8 +239,12 @@ class AuditLog:
                 outcomes = [(waiter, r) for (_, waiter), r in zip(items, results, strict=True)]
                 _deliver([(waiter, r) for waiter, r in outcomes if waiter.written])
                 unsynced += len(items)
+                # "always" syncs for a caller who waits for it; records whose callers went on
+                # once written (a stream's `open`) wait for the next such caller's sync, or at
+                # most batch_max_ms: a streamed answer costs one sync, not two.
+                durable = any(not waiter.written for _, waiter in items)
                 if unsynced and (
-                    self._fsync == "always"
+                    (self._fsync == "always" and durable)
                     or unsynced >= self._max_records
                     or time.monotonic() >= deadline
                     or stop

@@ -31,6 +31,7 @@ class Recorder:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> None:
         self.events: list[tuple[str, int]] = []
         self.release = threading.Event()
+        self.synced = threading.Event()  # set by every sync once it is done
         self._lock = threading.Lock()
         real_fsync, real_write = os.fsync, ChainFile.write
         loop = asyncio.get_running_loop()
@@ -46,6 +47,7 @@ class Recorder:
                 raise OSError(5, "Input/output error")
             real_fsync(fd)
             self.add("synced", -1)
+            self.synced.set()
 
         def write(chain: ChainFile, entry: dict[str, Any]) -> int:
             seq = real_write(chain, entry)
@@ -142,4 +144,46 @@ async def test_a_written_only_record_returns_before_its_sync_and_the_next_sync_c
     rec.add("returned", closed.seq)
     synced = rec.first_sync_after(rec.index("written", closed.seq))
     assert rec.index("written", opened.seq) < synced < rec.index("returned", closed.seq)
+    await log.close()
+
+
+async def test_a_written_only_record_costs_no_sync_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A streamed answer's two records (`open`, then the final one) share one sync."""
+    log = AuditLog(tmp_path / "audit.jsonl", SECRET, batch_max_ms=600_000)
+    rec = Recorder(monkeypatch)
+    rec.release.set()
+    async with asyncio.timeout(30):
+        opened = await log.append(record(0), written=True)
+        closed = await log.append(record(1))
+    assert rec.count("synced") == 1
+    assert rec.index("written", opened.seq) < rec.index("written", closed.seq)
+    assert rec.index("written", closed.seq) < rec.first_sync_after(0)
+    await log.close()
+
+
+async def test_a_written_only_record_alone_is_synced_within_batch_max_ms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No append follows the `open` record (a stream that runs on): a sync comes all the same."""
+    log = AuditLog(tmp_path / "audit.jsonl", SECRET, batch_max_ms=20)
+    rec = Recorder(monkeypatch)
+    rec.release.set()
+    async with asyncio.timeout(30):
+        opened = await log.append(record(0), written=True)
+    assert await asyncio.to_thread(rec.synced.wait, 30), "the `open` record was never synced"
+    assert rec.index("written", opened.seq) < rec.first_sync_after(0)
+    await log.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+async def test_the_writer_never_preempts_the_event_loop(tmp_path: Path) -> None:
+    """The writer thread is SCHED_BATCH: its wake-ups wait for the serving loop's slice."""
+    log = AuditLog(tmp_path / "audit.jsonl", SECRET)
+    await log.append(record(0))
+    writer = next(t for t in threading.enumerate() if t.name == "audit-log")
+    assert writer.native_id is not None
+    assert os.sched_getscheduler(writer.native_id) == os.SCHED_BATCH
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the loop's own thread is untouched
     await log.close()
