@@ -228,7 +228,9 @@ def floor(url: str, core: int | None, nice: int = 0) -> contextlib.AbstractConte
     return _announcing(cmd, (core, nice), "the aiohttp floor")
 
 
-def _policy_text(upstreams: Mapping[str, int], digest: str, gateway_lines: str = "") -> str:
+def _policy_text(
+    upstreams: Mapping[str, int], digest: str, gateway_lines: str = "", tenant_lines: str = ""
+) -> str:
     """One `vllm`-kind backend per model (the first is `fake`, as the overhead bench names it)."""
     backends = "".join(
         f"""  - name: {"fake" if i == 0 else f"fake-{model}"}
@@ -254,7 +256,7 @@ gateway:
     api_keys: ["{digest}"]
     scope: tenant
     models: [{", ".join(upstreams)}]
-"""
+{tenant_lines}"""
 
 
 def _wait_ready(port: int, proc: subprocess.Popen[bytes], deadline_s: float) -> float:
@@ -284,6 +286,7 @@ def gateway(
     models: Mapping[str, int] | None = None,
     workers: int = 1,
     gateway_lines: str = "",
+    tenant_lines: str = "",
     env_extra: Mapping[str, str] | None = None,
     wrapper: Sequence[str] = (),
 ) -> Iterator[tuple[Server, str]]:
@@ -291,7 +294,7 @@ def gateway(
     server and a tenant API key. With `source`, the gateway's code is imported from there;
     `models` maps each model to its own upstream port (default: MODEL on `upstream_port`);
     `gateway_lines` are added to the policy's `gateway:` section (with `env_extra` for their
-    secrets; relative paths are in a temporary folder);
+    secrets; relative paths are in a temporary folder), `tenant_lines` to the tenant's entry;
     `wrapper` is a `python -m` module that runs the gateway's command line itself."""
     pepper = secrets.token_urlsafe(24)
     key = mint_key()
@@ -304,7 +307,7 @@ def gateway(
         policy = Path(tmp) / "policy.yaml"
         upstreams = models if models is not None else {MODEL: upstream_port}
         digest = key_digest(pepper.encode(), key)
-        policy.write_text(_policy_text(upstreams, digest, gateway_lines))
+        policy.write_text(_policy_text(upstreams, digest, gateway_lines, tenant_lines))
         cmd = [sys.executable, *wrapper, "-m", "kvfence.cli", "gateway", "--policy", str(policy)]
         cmd += ["--workers", str(workers)]
         # `python -m` puts the working folder first on sys.path: run from `source` to import it.

@@ -1,7 +1,8 @@
 """The figure a user would get: an external load tool (hey at a fixed rate, wrk or hey at the
 highest rate) against a static nginx upstream directly, through nginx as a plain proxy, and
 through real `kvfence gateway`s (bare, and as users run it: the audit log on, `fsync: always`;
-and `fsync: batch`), in one run, with each gateway's CPU time per request, peak memory, cold
+and `fsync: batch`; with `--configs budget`, as users run it for a tenant with a token
+budget), in one run, with each gateway's CPU time per request, peak memory, cold
 start, and (`--components`) where its CPU goes.
 Run: .venv/bin/python -m bench.gateway.side_by_side [--compare main] [--rounds 2] [--floor]
 """
@@ -39,11 +40,19 @@ REFERENCES = ("direct", "nginx")  # the hops the others are compared with
 MODEL_SSE = "smollm2-sse"  # its own backend: nginx cannot pick an answer by the body
 PATHS = {"responses": "/v1/responses"}  # the others are chat completions
 _AUDIT = "  audit_log: {path: audit.jsonl, key: {env: KVFENCE_BENCH_AUDIT_KEY}%s}\n"
-# Gateway configurations: the target's name, what it is, its policy's `gateway:` lines.
+_BUDGET = "    budgets: {day: 1000000000000000}\n"  # never spent: every request is admitted
+# Gateway configurations: the target's name, what it is, its policy's `gateway:` lines, the
+# tenant's own lines.
 CONFIGS = {
-    "bare": ("gateway", "no audit log", ""),
-    "default": ("gateway-default", "audit log, fsync: always (the default)", _AUDIT % ""),
-    "batch": ("gateway-batch", "audit log, fsync: batch", _AUDIT % ", fsync: batch"),
+    "bare": ("gateway", "no audit log", "", ""),
+    "default": ("gateway-default", "audit log, fsync: always (the default)", _AUDIT % "", ""),
+    "batch": ("gateway-batch", "audit log, fsync: batch", _AUDIT % ", fsync: batch", ""),
+    "budget": (
+        "gateway-budget",
+        "audit log, fsync: always, and a daily token budget (the embedded control database)",
+        _AUDIT % "",
+        _BUDGET,
+    ),
 }
 FLOOR = "aiohttp-floor"
 GOALS = {
@@ -421,8 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--configs",
         nargs="+",
         choices=list(CONFIGS),
-        default=list(CONFIGS),
-        help="gateway configurations: bare (no audit log), default, batch (fsync: batch)",
+        default=["bare", "default", "batch"],
+        help="gateway configurations: bare (no audit log), default, batch (fsync: batch), "
+        "budget (default, and the tenant has a daily token budget)",
     )
     parser.add_argument(
         "--components",
@@ -458,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         models = {procs.MODEL: ng.json_port, MODEL_SSE: ng.sse_port}
         gateways: Gateways = {}
         for config in args.configs:
-            name, _, lines = CONFIGS[config]
+            name, _, lines, tenant = CONFIGS[config]
             gateways[name] = stack.enter_context(
                 procs.gateway(
                     0,
@@ -467,13 +477,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     models=models,
                     workers=args.workers,
                     gateway_lines=lines,
+                    tenant_lines=tenant,
                     env_extra=_audit_env(),
                 )
             )
         if args.compare:  # each configuration again, with the gateway code of REV
             tree = stack.enter_context(procs.exported(REPO_ROOT, args.compare))
             for config in args.configs:
-                name, _, lines = CONFIGS[config]
+                name, _, lines, tenant = CONFIGS[config]
                 gateways[f"{name}@{args.compare}"] = stack.enter_context(
                     procs.gateway(
                         0,
@@ -483,6 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         models=models,
                         workers=args.workers,
                         gateway_lines=lines,
+                        tenant_lines=tenant,
                         env_extra=_audit_env(),
                     )
                 )

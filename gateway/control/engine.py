@@ -1,5 +1,6 @@
 """What the control plane needs of a database engine: a transaction that runs statements (written
-with `?` placeholders) and returns rows, and the error that says the database cannot answer.
+with `?` placeholders) and returns rows, a transaction written as `Steps` that the engine runs
+whole (SQLite: in one hop to its thread), and the error that says the database cannot answer.
 
 Invariant: a transaction either commits whole or leaves nothing; any failure to reach or use the
 database is `ControlUnavailable` (the caller keeps what it holds, or refuses), never a partial
@@ -8,11 +9,16 @@ write believed done.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Generator
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 Row = tuple[Any, ...]
+T = TypeVar("T")
+Statement = tuple[str, tuple[Any, ...]]
+# A transaction's statements: each one yielded is run and the generator is sent its rows; what it
+# returns is the transaction's outcome. It runs nothing itself, so an engine may run it anywhere.
+Steps = Generator[Statement, list[Row], T]
 
 
 class ControlUnavailable(Exception):
@@ -36,7 +42,33 @@ class Engine(Protocol):
         """One transaction; `lock` serialises transactions that name the same string."""
         ...
 
+    async def atomically(self, lock: str | None, steps: Steps[T]) -> T:
+        """`steps` as one transaction (`lock` as for `transaction`); what they return."""
+        ...
+
     async def close(self) -> None: ...
+
+
+async def drive(tx: Tx, steps: Steps[T]) -> T:
+    """Run `steps` statement by statement in `tx`."""
+    try:
+        sql, args = next(steps)
+        while True:
+            sql, args = steps.send(await tx.fetch(sql, *args))
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+def drive_now(fetch: Callable[[str, tuple[Any, ...]], list[Row]], steps: Steps[T]) -> T:
+    """Run `steps` statement by statement through a blocking `fetch` (an engine's own thread)."""
+    try:
+        sql, args = next(steps)
+        while True:
+            sql, args = steps.send(fetch(sql, args))
+    except StopIteration as done:
+        result: T = done.value
+        return result
 
 
 async def one(tx: Tx, sql: str, *args: Any) -> Row | None:
@@ -44,4 +76,16 @@ async def one(tx: Tx, sql: str, *args: Any) -> Row | None:
     return rows[0] if rows else None
 
 
-__all__ = ["AsyncIterator", "ControlRefused", "ControlUnavailable", "Engine", "Row", "Tx", "one"]
+__all__ = [
+    "AsyncIterator",
+    "ControlRefused",
+    "ControlUnavailable",
+    "Engine",
+    "Row",
+    "Statement",
+    "Steps",
+    "Tx",
+    "drive",
+    "drive_now",
+    "one",
+]

@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from gateway.control.engine import ControlUnavailable, Row
+from gateway.control.engine import ControlUnavailable, Row, Steps, drive
 
+T = TypeVar("T")
 POOL_SIZE: Final = 4
 _PLACEHOLDER = re.compile(r"\?")
 _FAILURES = (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
@@ -82,6 +83,10 @@ class PostgresEngine:
         except _FAILURES as exc:
             detail = str(exc) or type(exc).__name__
             raise ControlUnavailable(f"the control database {self.where}: {detail}") from None
+
+    async def atomically(self, lock: str | None, steps: Steps[T]) -> T:
+        async with self.transaction(lock) as tx:
+            return await drive(tx, steps)
 
     async def close(self) -> None:
         if self._pool is not None:

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from gateway.control.engine import ControlUnavailable, Row
+from gateway.control.engine import ControlUnavailable, Row, Steps, drive_now
 
 T = TypeVar("T")
 BUSY_MS: Final = 10_000
@@ -81,6 +81,27 @@ class SqliteEngine:
                     await self.run(lambda db: db.execute("ROLLBACK"))
                 raise
             await self.run(lambda db: db.execute("COMMIT"))
+
+    async def atomically(self, lock: str | None, steps: Steps[T]) -> T:
+        """`steps` whole in one call on this worker's thread: one hop, not one per statement."""
+        begin = "BEGIN IMMEDIATE" if lock is not None else "BEGIN"
+
+        def whole(db: sqlite3.Connection) -> T:
+            db.execute(begin)
+            try:
+                result = drive_now(
+                    lambda sql, args: [tuple(r) for r in db.execute(sql, args)], steps
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+                raise
+            return result
+
+        async with self._lock:  # one transaction at a time on this worker's connection
+            return await self.run(whole)
 
     async def close(self) -> None:
         def shut() -> None:

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from gateway.control.engine import ControlRefused, Engine, Tx, one
+from gateway.control import ledger
+from gateway.control.engine import ControlRefused, Engine, Steps, Tx, one
+from gateway.control.ledger import Charge, Full, Hold, Spends
 from gateway.control.schema import CREATE_TABLE, LATEST, MIGRATIONS
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,11 +111,19 @@ class ControlStore:
             await _insert(tx, version, origin)
             return True
 
-    # The spend ledger.
+    # The spend ledger (gateway.control.ledger).
+
+    async def _atomically(self, lock: str | None, steps: Steps[T]) -> T:
+        if not self.migrated:
+            await self.migrate()
+        return await self.engine.atomically(lock, steps)
+
+    async def ledger(self, ops: Sequence[Hold | Charge]) -> list[Full | Spends]:
+        """Apply `ops` in order in one transaction; each one's outcome (see `ledger.apply`)."""
+        return await self._atomically("kvfence spend", ledger.apply(ops, time.time()))
 
     async def spent(self, subject: str, windows: Mapping[str, int]) -> dict[str, int]:
-        async with self._tx() as tx:
-            return await _spent(tx, subject, windows)
+        return await self._atomically(None, ledger.spent(subject, windows))
 
     async def reserve(
         self,
@@ -122,41 +135,15 @@ class ControlStore:
         """Hold `tokens` for each subject of `asks` (subject, windows by period, budgets by
         period); None when held, else (subject, period, budget) of the first budget with
         nothing left (then nothing is held)."""
-        asks = list(asks)
-        now = time.time()
-        async with self._tx(lock="kvfence spend") as tx:
-            await tx.execute("DELETE FROM reservations WHERE expires < ?", now)
-            for subject, windows, budgets in asks:
-                spent = await _spent(tx, subject, windows)
-                row = await one(tx, "SELECT COALESCE(SUM(tokens), 0) FROM reservations "
-                                    "WHERE subject = ?", subject)  # fmt: skip
-                held = int(row[0]) if row is not None else 0
-                for period, budget in budgets.items():
-                    if budget and spent.get(period, 0) + held >= budget:
-                        return subject, period, budget
-            for subject, _, _ in asks:
-                await tx.execute(
-                    "INSERT INTO reservations (id, subject, tokens, expires) VALUES (?, ?, ?, ?)",
-                    f"{rid} {subject}", subject, tokens, now + lease_s,
-                )  # fmt: skip
-        return None
+        (full,) = await self.ledger([Hold(rid, tuple(asks), tokens, lease_s)])
+        assert not isinstance(full, dict)
+        return full
 
     async def settle(
         self, rid: str, charges: Iterable[tuple[str, Mapping[str, int]]], tokens: int
     ) -> None:
         """Release the reservation `rid` (if any) and add `tokens` to each subject's windows."""
-        async with self._tx(lock="kvfence spend") as tx:
-            for subject, windows in charges:
-                await tx.execute("DELETE FROM reservations WHERE id = ?", f"{rid} {subject}")
-                if tokens <= 0:
-                    continue
-                for period, start in windows.items():
-                    await tx.execute(
-                        "INSERT INTO spend (subject, period, window_start, tokens) "
-                        "VALUES (?, ?, ?, ?) ON CONFLICT (subject, period, window_start) "
-                        "DO UPDATE SET tokens = spend.tokens + excluded.tokens",
-                        subject, period, start, tokens,
-                    )  # fmt: skip
+        await self.ledger([Charge(rid, tuple(charges), tokens)])
 
     # Quarantine decisions.
 
@@ -198,13 +185,3 @@ async def _insert(tx: Tx, version: Version, origin: str) -> None:
         "VALUES (?, ?, ?, ?, ?)",
         version.number, version.sha256, version.document.decode(), time.time(), origin,
     )  # fmt: skip
-
-
-async def _spent(tx: Tx, subject: str, windows: Mapping[str, int]) -> dict[str, int]:
-    out = dict.fromkeys(windows, 0)
-    for period, start in windows.items():
-        row = await one(tx, "SELECT tokens FROM spend WHERE subject = ? AND period = ? "
-                            "AND window_start = ?", subject, period, start)  # fmt: skip
-        if row is not None:
-            out[period] = int(row[0])
-    return out

@@ -5,7 +5,10 @@ answer reported (or its estimate) when it ends.
 
 Invariant: a request is admitted only while what its subjects spent plus what is reserved for
 requests in flight is below each budget, decided in one database transaction, so concurrent
-requests on every worker and gateway overshoot a budget by at most one reservation; a settled
+requests on every worker and gateway overshoot a budget by at most one reservation. A worker
+writes its holds and charges by group commit: those that arrive while one transaction runs go
+together, in order, in the next (`gateway.control.ledger`), one hop to the database's thread and
+one sync for all; a hold whose request left meanwhile is released by a charge of 0. A settled
 charge is durable when the answer's record is written, except while the database cannot be
 reached: then charges wait in this worker (retried every second) and admissions are decided on
 the last spend read plus what waits (a crash of the worker loses what waits).
@@ -15,14 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 
 from gateway.control.engine import ControlUnavailable
+from gateway.control.ledger import Charge, Full, Hold, Spends
 from gateway.control.store import ControlStore
 from gateway.fleet.windows import PERIODS, starts, window
 from gateway.policy.registry import KeyInfo
@@ -65,6 +71,23 @@ class _Unsettled:
     windows: dict[str, int] = field(default_factory=dict)
 
 
+def _charge(item: _Unsettled) -> Charge:
+    windows = item.windows
+    return Charge(item.reservation.rid, tuple((s, windows) for s in item.reservation.subjects),
+                  item.tokens)  # fmt: skip
+
+
+def _quietly(tasks: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
+    """A release nobody awaits: its failure is the lease's to clean up, not an error to log."""
+
+    def done(task: asyncio.Task[Any]) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()
+
+    return done
+
+
 def _subjects(tenant: Tenant, key: KeyInfo | None) -> list[tuple[str, str, TenantBudgets]]:
     out = []
     if tenant.budgets.any:
@@ -83,7 +106,9 @@ class Budgeter:
         self.control, self.lease_s = control, lease_s
         self._known: dict[str, dict[str, int]] = {}  # subject -> spend last read (by window)
         self._unsettled: list[_Unsettled] = []
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._queued: list[tuple[Hold | Charge, asyncio.Future[Full | Spends]]] = []
+        self._writer: asyncio.Task[None] | None = None
         self.failures = 0
 
     async def reserve(
@@ -101,7 +126,8 @@ class Budgeter:
         reservation = Reservation(rid, tuple(s for _, s, _ in subjects), tokens)
         try:
             await self._flush()
-            full = await self.control.reserve(rid, asks, tokens, self.lease_s)
+            full = await self._write(Hold(rid, tuple(asks), tokens, self.lease_s))
+            assert not isinstance(full, dict)
         except ControlUnavailable:
             self.failures += 1
             full = self._decide_locally(asks)
@@ -136,30 +162,65 @@ class Budgeter:
 
     async def _settle(self, item: _Unsettled) -> None:
         try:
-            await self.control.settle(
-                item.reservation.rid, [(s, item.windows) for s in item.reservation.subjects],
-                item.tokens,
-            )  # fmt: skip
-            for subject in item.reservation.subjects:
-                await self._remember(subject, item.windows)
+            spends = await self._write(_charge(item))
+            assert isinstance(spends, dict)
+            for subject, spent in spends.items():
+                self._known[subject] = {f"{p}\0{item.windows[p]}": n for p, n in spent.items()}
         except ControlUnavailable:
             self.failures += 1
             self._unsettled.append(item)
             log.warning("budget charge waits: the control database cannot be reached")
 
-    async def _remember(self, subject: str, windows: dict[str, int]) -> None:
-        spent = await self.control.spent(subject, windows)
-        self._known[subject] = {f"{p}\0{windows[p]}": n for p, n in spent.items()}
-
     async def _flush(self) -> None:
-        """Charges that waited for the database, written now (the oldest first)."""
-        while self._unsettled:
-            item = self._unsettled[0]
-            await self.control.settle(
-                item.reservation.rid, [(s, item.windows) for s in item.reservation.subjects],
-                item.tokens,
-            )  # fmt: skip
-            self._unsettled.pop(0)
+        """Charges that waited for the database, written now (the oldest first, in one
+        transaction: all of them or none)."""
+        if self._unsettled:
+            waiting = list(self._unsettled)
+            await self.control.ledger([_charge(item) for item in waiting])
+            del self._unsettled[: len(waiting)]
+
+    async def _write(self, op: Hold | Charge) -> Full | Spends:
+        """`op`'s outcome, written with every op queued while the transaction before ran."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Full | Spends] = loop.create_future()
+        self._queued.append((op, future))
+        if self._writer is None:
+            self._writer = loop.create_task(self._write_batches())
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:  # its request left: a hold granted all the same is freed
+            future.add_done_callback(functools.partial(self._left, op))
+            raise
+
+    def _left(self, op: Hold | Charge, future: asyncio.Future[Full | Spends]) -> None:
+        if future.exception() is None and isinstance(op, Hold) and future.result() is None:
+            release = Charge(op.rid, tuple((subject, w) for subject, w, _ in op.asks), 0)
+            task = asyncio.get_running_loop().create_task(self._write(release))
+            self._tasks.add(task)
+            task.add_done_callback(_quietly(self._tasks))
+
+    async def _write_batches(self) -> None:
+        batch: list[tuple[Hold | Charge, asyncio.Future[Full | Spends]]] = []
+        try:
+            while self._queued:
+                batch, self._queued = self._queued, []
+                try:
+                    outcomes = await self.control.ledger([op for op, _ in batch])
+                except ControlUnavailable as exc:
+                    for _, future in batch:
+                        future.set_exception(exc)
+                    continue
+                for (_, future), outcome in zip(batch, outcomes, strict=True):
+                    future.set_result(outcome)
+        except BaseException:  # cancelled at shutdown, or a fault: nobody waits for nothing
+            stopped = ControlUnavailable("the budget ledger's writer stopped")
+            for _, future in [*batch, *self._queued]:
+                if not future.done():
+                    future.set_exception(stopped)
+            self._queued = []
+            raise
+        finally:
+            self._writer = None
 
     async def spent(self, subject: str) -> dict[str, int]:
         """Tokens spent in each current window (for `kvfence tenants list`)."""
