@@ -109,6 +109,7 @@ class Budgeter:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._queued: list[tuple[Hold | Charge, asyncio.Future[Full | Spends]]] = []
         self._writer: asyncio.Task[None] | None = None
+        self._flushing = asyncio.Lock()
         self.failures = 0
 
     async def reserve(
@@ -125,7 +126,8 @@ class Budgeter:
         asks = [(subject, windows, _budgets(b)) for _, subject, b in subjects]
         reservation = Reservation(rid, tuple(s for _, s, _ in subjects), tokens)
         try:
-            await self._flush()
+            if self._unsettled and not self._flushing.locked():  # never queue behind a flush
+                await self._flush()
             full = await self._write(Hold(rid, tuple(asks), tokens, self.lease_s))
             assert not isinstance(full, dict)
         except ControlUnavailable:
@@ -173,11 +175,13 @@ class Budgeter:
 
     async def _flush(self) -> None:
         """Charges that waited for the database, written now (the oldest first, in one
-        transaction: all of them or none)."""
-        if self._unsettled:
+        transaction: all of them or none), by one flush at a time: a charge is written once."""
+        async with self._flushing:
             waiting = list(self._unsettled)
-            await self.control.ledger([_charge(item) for item in waiting])
-            del self._unsettled[: len(waiting)]
+            if waiting:
+                await self.control.ledger([_charge(item) for item in waiting])
+                written = {id(item) for item in waiting}
+                self._unsettled = [u for u in self._unsettled if id(u) not in written]
 
     async def _write(self, op: Hold | Charge) -> Full | Spends:
         """`op`'s outcome, written with every op queued while the transaction before ran."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.control.engine import ControlUnavailable
 from gateway.control.ledger import Charge, Full, Hold, Spends
 from gateway.control.sqlite import SqliteEngine
 from gateway.control.store import ControlStore
@@ -85,3 +86,34 @@ async def test_a_hold_whose_request_left_is_released(store: Counted) -> None:
     assert sum(store.batches) == 3  # "stays", "leaves", then its release
     assert await held(store) == 1
     assert (await budgets.spent("tenant:acme"))["day"] == 0
+
+
+class Flaky(Counted):
+    """The store, down (every ledger transaction refused) while `down` is set."""
+
+    down = False
+
+    async def ledger(self, ops: Sequence[Hold | Charge]) -> list[Full | Spends]:
+        if self.down:
+            raise ControlUnavailable("the control database is down (the test says so)")
+        return await super().ledger(ops)
+
+
+async def test_a_charge_that_waited_for_the_database_is_written_once(tmp_path: Path) -> None:
+    store = Flaky(tmp_path / "control.db")
+    await store.migrate()
+    budgets = Budgeter(store)
+    first = await budgets.reserve(TENANT, None, "first", 10)
+    assert isinstance(first, Reservation)
+    await budgets.settle(first, 5)  # read back: this worker now knows the tenant's spend
+    second = await budgets.reserve(TENANT, None, "second", 10)
+    assert isinstance(second, Reservation)
+    store.down = True
+    await budgets.settle(second, 7)  # waits in the worker for the database
+    store.down = False
+    outcomes = await asyncio.gather(
+        *(budgets.reserve(TENANT, None, f"then{i}", 10) for i in range(10))
+    )
+    assert all(isinstance(o, Reservation) for o in outcomes)
+    assert (await budgets.spent("tenant:acme"))["day"] == 5 + 7
+    await store.close()
