@@ -18,14 +18,13 @@ from typing import Any
 import orjson
 
 from gateway.control.engine import Tx, one
+from gateway.control.receipt_tree import Trees
 from gateway.control.store import ControlStore
 from kvfence.receipts.checkpoint import Checkpoint, ConsistencyProof, InclusionProof
 from kvfence.receipts.merkle import (
-    Subtree,
     consistency_proof,
     inclusion_proof,
     leaf_hash,
-    node_hash,
     tree_hash,
 )
 from kvfence.receipts.note import Signer, Verifier, open_note, split_note
@@ -41,19 +40,10 @@ class Stored:
     record: bytes  # the receipt's entry in its tenant's log (the leaf its proof includes)
 
 
-def _subtree(leaves: Sequence[bytes]) -> Subtree:
-    def subtree(lo: int, hi: int) -> bytes:
-        if hi - lo == 1:
-            return leaves[lo]
-        mid = (lo + hi) // 2
-        return node_hash(subtree(lo, mid), subtree(mid, hi))
-
-    return subtree
-
-
 class ReceiptLedger:
     def __init__(self, store: ControlStore) -> None:
         self.store = store
+        self.trees = Trees()  # checkpoints and proofs read O(log n) subtrees, not every leaf
 
     async def issue(
         self,
@@ -98,13 +88,14 @@ class ReceiptLedger:
     async def checkpoint(self, log: str, signer: Signer) -> tuple[str, Checkpoint]:
         """The latest signed checkpoint of `log`, signed now if its tree grew since."""
         async with self.store.transaction(lock=f"kvfence receipts {log}") as tx:
-            leaves = await _leaves(tx, log)
+            size = await self.trees.size(tx, log)
             kept = await _note(tx, log, SIGNED)
-            if kept is not None and kept[1].size == len(leaves):
+            if kept is not None and kept[1].size == size:
                 return kept
-            body = Checkpoint(log, len(leaves), tree_hash(0, len(leaves), _subtree(leaves))).body
+            root = await self.trees.run(tx, log, lambda sub: tree_hash(0, size, sub))
+            body = Checkpoint(log, size, root).body
             note = body + "\n" + signer.line(body)
-            await _keep(tx, log, SIGNED, len(leaves), note)
+            await _keep(tx, log, SIGNED, size, note)
         return note, Checkpoint.parse(body)
 
     async def latest(self, log: str, index: int = -1) -> tuple[str, Checkpoint] | None:
@@ -120,10 +111,8 @@ class ReceiptLedger:
         self, log: str, index: int, note: str, size: int, entry: bytes
     ) -> InclusionProof:
         async with self.store.transaction() as tx:
-            leaves = await _leaves(tx, log, size)
-        return InclusionProof(
-            index, tuple(inclusion_proof(index, size, _subtree(leaves))), note, entry
-        )
+            path = await self.trees.run(tx, log, lambda sub: inclusion_proof(index, size, sub))
+        return InclusionProof(index, tuple(path), note, entry)
 
     async def consistency(self, log: str, old: int, signer: Signer) -> ConsistencyProof:
         """The latest checkpoint (signed now if the log grew) with its proof from `old` (none
@@ -131,9 +120,9 @@ class ReceiptLedger:
         note, checkpoint = await self.checkpoint(log, signer)
         if old > checkpoint.size:
             return ConsistencyProof(old, (), note)
+        size = checkpoint.size
         async with self.store.transaction() as tx:
-            leaves = await _leaves(tx, log, checkpoint.size)
-        path = consistency_proof(old, checkpoint.size, _subtree(leaves))
+            path = await self.trees.run(tx, log, lambda sub: consistency_proof(old, size, sub))
         return ConsistencyProof(old, tuple(path), note)
 
     async def accept(
@@ -148,9 +137,11 @@ class ReceiptLedger:
         _, cosigned = open_note(note, witnesses)  # NoteError: none of the policy's witnesses
         lines = {s.line for s in cosigned}
         async with self.store.transaction(lock=f"kvfence receipts {log}") as tx:
-            leaves = await _leaves(tx, log, checkpoint.size)
-            root = tree_hash(0, len(leaves), _subtree(leaves))
-            if len(leaves) < checkpoint.size or root != checkpoint.root:
+            size = checkpoint.size
+            if await self.trees.size(tx, log) < size:
+                raise ValueError("the checkpoint is not one of this log's trees")
+            root = await self.trees.run(tx, log, lambda sub: tree_hash(0, size, sub))
+            if root != checkpoint.root:
                 raise ValueError("the checkpoint is not one of this log's trees")
             kept = await _note(tx, log, WITNESSED)
             if kept is not None and kept[1].size > checkpoint.size:
@@ -187,14 +178,6 @@ class ReceiptLedger:
                 "probe", "", 0.0, "x" * 4096, "",
             )  # fmt: skip
             await tx.execute("DELETE FROM receipts WHERE id = ?", "probe")
-
-
-async def _leaves(tx: Tx, log: str, size: int | None = None) -> list[bytes]:
-    rows = await tx.fetch(
-        "SELECT hash FROM receipt_leaves WHERE log = ? AND idx < ? ORDER BY idx",
-        log, (1 << 62) if size is None else size,
-    )  # fmt: skip
-    return [bytes.fromhex(str(r[0])) for r in rows]
 
 
 async def _note(tx: Tx, log: str, kind: int) -> tuple[str, Checkpoint] | None:
