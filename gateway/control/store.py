@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -124,26 +124,6 @@ class ControlStore:
 
     async def spent(self, subject: str, windows: Mapping[str, int]) -> dict[str, int]:
         return await self._atomically(None, ledger.spent(subject, windows))
-
-    async def reserve(
-        self,
-        rid: str,
-        asks: Iterable[tuple[str, Mapping[str, int], Mapping[str, int]]],
-        tokens: int,
-        lease_s: float,
-    ) -> tuple[str, str, int] | None:
-        """Hold `tokens` for each subject of `asks` (subject, windows by period, budgets by
-        period); None when held, else (subject, period, budget) of the first budget with
-        nothing left (then nothing is held)."""
-        (full,) = await self.ledger([Hold(rid, tuple(asks), tokens, lease_s)])
-        assert not isinstance(full, dict)
-        return full
-
-    async def settle(
-        self, rid: str, charges: Iterable[tuple[str, Mapping[str, int]]], tokens: int
-    ) -> None:
-        """Release the reservation `rid` (if any) and add `tokens` to each subject's windows."""
-        await self.ledger([Charge(rid, tuple(charges), tokens)])
 
     # Quarantine decisions.
 
