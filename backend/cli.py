@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from backend.engine.plan import PREFILL_POLICIES
 from backend.model.errors import ModelLoadError
+from kvfence import heap
 from kvfence.keys.keyfile import KeyFileError
 from kvfence.listen import ListenError, check_listen
 
@@ -96,6 +97,7 @@ def main(args: argparse.Namespace) -> int:
     except (ModelLoadError, KeyFileError, ListenError, ValueError) as exc:
         print(f"kvfence backend: {exc}", file=sys.stderr)
         return 2
+    heap.loaded()  # the model, tokenizer and engine, out of every later collection
     from aiohttp import web
 
     try:

@@ -36,6 +36,7 @@ from gateway.server import bound_port, start, start_admin
 from gateway.shared import missing_support
 from gateway.verify.service import remove_state_dir, state_dir_for
 from gateway.verify.tokens import load_problem as tokenizer_problem
+from kvfence import heap
 from kvfence.listen import ListenError, check_listen
 from kvfence.logs import configure_logging
 
@@ -80,6 +81,7 @@ async def _serve(
     admin = policy.gateway.admin
     admin_port = admin.port if args.admin_port is None else args.admin_port
     admin_runner = await start_admin(app, admin.host, admin_port, reuse_port=worker is not None)
+    heap.loaded()  # what serving keeps for life, out of every later collection
     log.info(
         "serving",
         extra={
@@ -171,11 +173,12 @@ def metrics_dir(state_dir: Path) -> Path:
 def _supervise(args: argparse.Namespace, state_dir: Path) -> int:
     parent, children = os.getpid(), []
     prepare_shared(metrics_dir(state_dir))
-    for worker in range(1, args.workers + 1):
-        pid = os.fork()
-        if pid == 0:
-            os._exit(_child(args, worker, parent, state_dir))
-        children.append(pid)
+    with heap.forking():  # the workers share the parent's pages, left unwritten
+        for worker in range(1, args.workers + 1):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(_child(args, worker, parent, state_dir))
+            children.append(pid)
 
     def forward(sig: int, _frame: object) -> None:
         for child in children:

@@ -4,10 +4,13 @@ when chosen, so a gateway-only install never imports torch."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from collections.abc import Sequence
 from typing import Protocol, cast
+
+from kvfence import heap
 
 # subcommand -> (module, one-line help). Each module defines
 # `configure(parser: argparse.ArgumentParser) -> None` and `main(args: argparse.Namespace) -> int`.
@@ -31,6 +34,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
 }
 
+
+# Servers: they load with the collector held off and freeze what they loaded (kvfence.heap).
+SERVERS = frozenset({"gateway", "backend"})
 
 # A module a command may miss -> the extra that installs it (tests/kvfence/test_cli_extras.py
 # checks each against pyproject.toml). A module shared by several extras names the command's own.
@@ -85,6 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"kvfence: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    with heap.loading() if name in SERVERS else contextlib.nullcontext():
+        return _command(name, argv[1:])
+
+
+def _command(name: str, argv: list[str]) -> int:
     module_name, text = COMMANDS[name]
     try:
         module = cast(_Command, importlib.import_module(module_name))
@@ -98,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     parser = argparse.ArgumentParser(prog=f"kvfence {name}", description=text)
     module.configure(parser)
-    args = parser.parse_args(argv[1:])
+    args = parser.parse_args(argv)
     return module.main(args)
 
 
