@@ -42,8 +42,10 @@ class Engine(Protocol):
         """One transaction; `lock` serialises transactions that name the same string."""
         ...
 
-    async def atomically(self, lock: str | None, steps: Steps[T]) -> T:
-        """`steps` as one transaction (`lock` as for `transaction`); what they return."""
+    async def atomically(self, lock: str | None, steps: Steps[T], synced: bool = True) -> T:
+        """`steps` as one transaction (`lock` as for `transaction`); what they return.
+        `synced` False: the commit may wait for the next synced one to reach the disk (a machine
+        crash before then undoes it; a process crash does not); an engine may sync it anyway."""
         ...
 
     async def close(self) -> None: ...

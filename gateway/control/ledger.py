@@ -54,6 +54,14 @@ def apply(ops: Sequence[Hold | Charge], now: float) -> Steps[list[Full | Spends]
     return out
 
 
+def needs_sync(ops: Sequence[Hold | Charge]) -> bool:
+    """Whether the batch's commit must be on disk before its callers go on: a charge (spend, or a
+    reservation released) must be; holds alone need not. A hold reserves for a request that
+    lives in this gateway's process: a machine crash that loses the hold ends the request too,
+    and a process crash loses nothing the OS already has."""
+    return any(isinstance(op, Charge) for op in ops)
+
+
 def spent(subject: str, windows: Mapping[str, int]) -> Steps[dict[str, int]]:
     out = dict.fromkeys(windows, 0)
     for period, start in windows.items():

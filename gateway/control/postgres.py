@@ -84,7 +84,9 @@ class PostgresEngine:
             detail = str(exc) or type(exc).__name__
             raise ControlUnavailable(f"the control database {self.where}: {detail}") from None
 
-    async def atomically(self, lock: str | None, steps: Steps[T]) -> T:
+    async def atomically(self, lock: str | None, steps: Steps[T], synced: bool = True) -> T:
+        """Always synced: several gateways share this database, and one whose primary fails over
+        goes on serving, so an unsynced commit could vanish under a live request."""
         async with self.transaction(lock) as tx:
             return await drive(tx, steps)
 

@@ -4,7 +4,8 @@ on one thread per worker.
 
 Invariant: every transaction that names a lock starts with BEGIN IMMEDIATE, so those of all
 workers are serialised by SQLite's write lock and a read-check-write (a reservation, a
-compare-and-set) is atomic across processes; a commit is on disk before it is reported.
+compare-and-set) is atomic across processes; a commit is on disk before it is reported, except
+one its caller asks not to sync (`atomically(synced=False)`), which the next synced one carries.
 """
 
 from __future__ import annotations
@@ -82,26 +83,32 @@ class SqliteEngine:
                 raise
             await self.run(lambda db: db.execute("COMMIT"))
 
-    async def atomically(self, lock: str | None, steps: Steps[T]) -> T:
-        """`steps` whole in one call on this worker's thread: one hop, not one per statement."""
+    async def atomically(self, lock: str | None, steps: Steps[T], synced: bool = True) -> T:
+        """`steps` whole in one call on this worker's thread: one hop, not one per statement.
+        Unsynced, the commit is appended to the WAL without a sync of its own; the next synced
+        commit (of any worker: they share the WAL) syncs it with its own. The connection is back
+        to synchronous=FULL before anything else runs on it."""
         begin = "BEGIN IMMEDIATE" if lock is not None else "BEGIN"
 
         def whole(db: sqlite3.Connection) -> T:
-            db.execute(begin)
+            if synced:
+                return _commit(db, begin, steps)
+            db.execute("PRAGMA synchronous=NORMAL")
             try:
-                result = drive_now(
-                    lambda sql, args: [tuple(r) for r in db.execute(sql, args)], steps
-                )
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        db.execute("ROLLBACK")
-                raise
-            return result
+                return _commit(db, begin, steps)
+            finally:
+                self._synced_again(db)
 
         async with self._lock:  # one transaction at a time on this worker's connection
             return await self.run(whole)
+
+    def _synced_again(self, db: sqlite3.Connection) -> None:
+        try:
+            db.execute("PRAGMA synchronous=FULL")
+        except sqlite3.Error:  # never left unsynced: the next transaction opens a new connection
+            self._db = None
+            db.close()
+            raise
 
     async def close(self) -> None:
         def shut() -> None:
@@ -111,3 +118,16 @@ class SqliteEngine:
 
         await asyncio.get_running_loop().run_in_executor(self._pool, shut)
         self._pool.shutdown(wait=True)
+
+
+def _commit(db: sqlite3.Connection, begin: str, steps: Steps[T]) -> T:
+    db.execute(begin)
+    try:
+        result = drive_now(lambda sql, args: [tuple(r) for r in db.execute(sql, args)], steps)
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+        raise
+    return result

@@ -113,14 +113,16 @@ class ControlStore:
 
     # The spend ledger (gateway.control.ledger).
 
-    async def _atomically(self, lock: str | None, steps: Steps[T]) -> T:
+    async def _atomically(self, lock: str | None, steps: Steps[T], synced: bool = True) -> T:
         if not self.migrated:
             await self.migrate()
-        return await self.engine.atomically(lock, steps)
+        return await self.engine.atomically(lock, steps, synced)
 
     async def ledger(self, ops: Sequence[Hold | Charge]) -> list[Full | Spends]:
-        """Apply `ops` in order in one transaction; each one's outcome (see `ledger.apply`)."""
-        return await self._atomically("kvfence spend", ledger.apply(ops, time.time()))
+        """Apply `ops` in order in one transaction; each one's outcome (see `ledger.apply`).
+        A batch of holds alone is not synced on its own (`ledger.needs_sync`)."""
+        steps = ledger.apply(ops, time.time())
+        return await self._atomically("kvfence spend", steps, ledger.needs_sync(ops))
 
     async def spent(self, subject: str, windows: Mapping[str, int]) -> dict[str, int]:
         return await self._atomically(None, ledger.spent(subject, windows))
