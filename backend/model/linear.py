@@ -5,6 +5,8 @@ calls whose row counts a probe of this host's kernel admitted (backend.model.row
 generated token gets the bits it gets alone and a prompt token the bits it gets in any prompt
 chunk. A CPU weight prepacked in oneDNN's layout is used only where it agrees with F.linear
 (bit-for-bit in bfloat16, where both run the same oneDNN kernel) and its plan is at least as good.
+Generated rows go to our own kernel (backend.model.native) where it is built and its probe saw
+every row keep its bits alone and in calls of any size; prompt rows stay with oneDNN.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from backend.model import native
 from backend.model.row_plan import (
     GENERATED_MAX,
     PROMPT_CANDIDATES,
@@ -34,6 +37,7 @@ _PACK_ROWS = 2
 class _Choice:
     packed: bool
     plan: RowPlan
+    native: bool = False  # generated rows (every row, where prompt rows are not planned) go to it
 
 
 class RowPlanner:
@@ -43,13 +47,16 @@ class RowPlanner:
     def __init__(self) -> None:
         self._choices: dict[tuple[object, ...], _Choice] = {}
 
-    def choose(self, weight: torch.Tensor, prompt: bool) -> tuple[torch.Tensor | None, RowPlan]:
-        """The weight prepacked (or None: F.linear) and its row plan."""
+    def choose(
+        self, weight: torch.Tensor, prompt: bool
+    ) -> tuple[torch.Tensor | None, RowPlan, bool]:
+        """The weight prepacked (or None: F.linear), its row plan, and whether generated rows
+        go to our own kernel."""
         key = (tuple(weight.shape), weight.dtype, weight.device, torch.get_num_threads(), prompt)
         known = self._choices.get(key)
         if known is None:
             known = self._choices[key] = _probe(weight, prompt)
-        return (_pack(weight) if known.packed else None), known.plan
+        return (_pack(weight) if known.packed else None), known.plan, known.native
 
 
 def _probe(weight: torch.Tensor, prompt: bool) -> _Choice:
@@ -66,13 +73,27 @@ def _probe(weight: torch.Tensor, prompt: bool) -> _Choice:
         plain = probe(_plain_kernel(w), x, prompt)
         if better(plain, choice.plan):
             choice = _Choice(False, plain)
-    return choice
+    return _with_native(choice, w, x, prompt)
+
+
+def _with_native(choice: _Choice, w: torch.Tensor, x: torch.Tensor, prompt: bool) -> _Choice:
+    """Generated rows to our own kernel, where it is built and its probe saw every row keep its
+    bits at every call size, alone included. Prompt rows stay with oneDNN, so a weight whose
+    prompt rows could not be planned (they would run as generated rows) keeps oneDNN whole."""
+    kernel = native.gemv_kernel(w)
+    if kernel is None or (prompt and not choice.plan.prompt_sizes):
+        return choice
+    own = probe(kernel, x, prompt=False)
+    if own.generated_rows < GENERATED_MAX or not own.single_row:
+        return choice
+    plan = RowPlan(GENERATED_MAX, choice.plan.prompt_sizes, single_row=True)
+    return _Choice(choice.packed, plan, native=True)
 
 
 class Projection:
     """y = x @ weight.T for x: [M, K] in the weight's dtype -> [M, N]."""
 
-    __slots__ = ("_kernel", "_packed", "plan", "weight")
+    __slots__ = ("_generated", "_kernel", "_packed", "plan", "weight")
 
     def __init__(
         self, weight: torch.Tensor, planner: RowPlanner | None = None, prompt: bool = True
@@ -80,9 +101,15 @@ class Projection:
         """`prompt`: whether prompt rows are ever projected (the logits head sees only the rows
         it samples, all run as generated rows)."""
         self.weight = weight  # [N, K]
-        self._packed, self.plan = (planner or RowPlanner()).choose(weight, prompt)
+        self._packed, self.plan, own = (planner or RowPlanner()).choose(weight, prompt)
         packed = self._packed
         self._kernel = _plain_kernel(weight) if packed is None else _packed_kernel(packed)
+        self._generated = (own and native.gemv_kernel(weight)) or self._kernel
+
+    @property
+    def native(self) -> bool:
+        """Whether generated rows go to our own kernel (backend.model.native)."""
+        return self._generated is not self._kernel
 
     @property
     def packed(self) -> bool:
@@ -95,11 +122,15 @@ class Projection:
     def __call__(self, x: torch.Tensor, generated: int) -> torch.Tensor:
         """x's first `generated` rows are tokens the model generated, the rest prompt tokens."""
         parts = calls(x.shape[0], generated, self.plan)
+        # As `calls` has it: where prompt rows are not planned, every row runs as generated.
+        ours = generated if self.plan.prompt_sizes else x.shape[0]
         if len(parts) == 1:  # most steps: decodes alone, or one prompt chunk alone
-            return run_padded(self._kernel, x, parts[0][2])
+            start, _, size = parts[0]
+            return run_padded(self._generated if start < ours else self._kernel, x, size)
         out = x.new_empty(x.shape[0], self.weight.shape[0])
         for start, end, size in parts:
-            out[start:end] = run_padded(self._kernel, x[start:end], size)
+            kernel = self._generated if start < ours else self._kernel
+            out[start:end] = run_padded(kernel, x[start:end], size)
         return out
 
 

@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from backend.model import native
 from backend.model.activation import SwiGLU
 from backend.model.config import ModelConfig
 from backend.model.linear import Projection, RowPlanner
@@ -97,7 +98,14 @@ class Llama:
 
     def row_plans(self) -> str:
         """How the projections feed their kernels on this host (for the start-up log)."""
-        plans = [f"{name}: {proj.plan.describe()}" for name, proj in self.projections().items()]
+        projections = self.projections()
+        plans = [
+            f"{name}: {proj.plan.describe()}{', our kernel' if proj.native else ''}"
+            for name, proj in projections.items()
+        ]
+        why = native.unavailable()
+        if why and self.device.type == "cpu" and self.dtype == torch.bfloat16:
+            plans.append(f"our kernel for generated rows: not used ({why})")
         return "; ".join([*plans, self._swiglu.describe()])
 
     def projections(self) -> dict[str, Projection]:
