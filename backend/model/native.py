@@ -188,6 +188,7 @@ def _build(compiler: str) -> Callable[..., None]:
         finally:
             src.unlink(missing_ok=True)
             Path(tmp).unlink(missing_ok=True)
+    _own(lib)
     # torch is loaded first: the library's OpenMP is torch's own (one pool of threads).
     fn = ctypes.CDLL(str(lib)).kvfence_gemv_bf16
     fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
@@ -196,17 +197,27 @@ def _build(compiler: str) -> Callable[..., None]:
 
 
 def _cache_folder() -> Path:
+    """The user's cache folder, else one of its own under the temporary folder: either only if
+    this user owns it and no one else may write there (a library loaded from it runs as us)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     folder = Path(base) / "kvfence" / "native"
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         if os.access(folder, os.W_OK):
-            return folder
+            return _own(folder)
     except OSError:
         pass
-    own = Path(tempfile.gettempdir()) / f"kvfence-native-{os.getuid()}"
-    own.mkdir(mode=0o700, exist_ok=True)
-    return own
+    folder = Path(tempfile.gettempdir()) / f"kvfence-native-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return _own(folder)
+
+
+def _own(path: Path) -> Path:
+    """`path` if this user owns it and neither its group nor others may write to it."""
+    st = path.lstat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022 or path.is_symlink():
+        raise OSError(f"{path} is not this user's alone: not used")
+    return path
 
 
 def _check(fn: Callable[..., None]) -> str | None:

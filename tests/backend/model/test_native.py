@@ -110,3 +110,16 @@ def test_it_is_built_once_and_kept(tmp_path: Path) -> None:
     stamp = built[0].stat().st_mtime_ns
     assert _unavailable(env) == "None"
     assert built[0].stat().st_mtime_ns == stamp
+
+
+@needs_kernel
+def test_a_cache_folder_others_may_write_to_is_never_loaded_from(tmp_path: Path) -> None:
+    shared = tmp_path / "kvfence" / "native"
+    shared.mkdir(parents=True)
+    planted = shared / "kvfence-gemv-0000000000000000.so"
+    planted.write_bytes(b"not a library")
+    shared.chmod(0o777)  # anyone could have put a library there
+    with pytest.raises(OSError, match="not this user's alone"):
+        native._own(shared)
+    assert _unavailable({"XDG_CACHE_HOME": str(tmp_path)}) == "None"  # built elsewhere, its own
+    assert sorted(p.name for p in shared.iterdir()) == [planted.name]
