@@ -45,6 +45,17 @@ static inline uint16_t to_bf16(float f) {  /* round to nearest even, as torch do
   return (uint16_t)(u >> 16);
 }
 
+/* The 16 lanes' sum in one fixed order, written out (not a compiler builtin whose expansion
+   another compiler version could order otherwise): the same bits from every build. */
+static inline float lanes_sum(__m512 v) {
+  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  b = _mm_add_ss(b, _mm_movehdup_ps(b));
+  return _mm_cvtss_f32(b);
+}
+
 #define LOAD(p) ((__m512bh)_mm512_loadu_si512((const void*)(p)))
 #define LOADM(p) ((__m512bh)_mm512_maskz_loadu_epi16(mask, (p)))
 
@@ -76,8 +87,8 @@ static inline __attribute__((always_inline)) void tile(const uint16_t* x, const 
     }
   }
   for (int i = 0; i < MB; i++) {
-    y[(size_t)(m0 + i) * N + n] = to_bf16(_mm512_reduce_add_ps(a[i][0]));
-    if (NB > 1) y[(size_t)(m0 + i) * N + n + 1] = to_bf16(_mm512_reduce_add_ps(a[i][1]));
+    y[(size_t)(m0 + i) * N + n] = to_bf16(lanes_sum(a[i][0]));
+    if (NB > 1) y[(size_t)(m0 + i) * N + n + 1] = to_bf16(lanes_sum(a[i][1]));
   }
 }
 
