@@ -357,12 +357,13 @@ def test_greedy_answers_equal_the_float32_reference(
 def test_the_dtype_auto_picked_answers_like_float32(
     smollm2: LoadedModel, float32_reference: LoadedModel
 ) -> None:
-    """Whatever dtype `auto` picked on this host, the runner's answer starts as float32's. In
-    bfloat16 answers are not float32's token for token, with any kernel: on an AVX-512 host 10
-    of 16 chat answers of 32 tokens were whole, with oneDNN's kernel and with ours alike (a
-    near tie that one rounding tips, others not)."""
-    prompt = chat_ids(smollm2, BATCH_QUESTIONS[0])
-    expected = dense_greedy(float32_reference, prompt, 8)
+    """Whatever dtype `auto` picked on this host, the paged, batched runner's answers start as
+    float32's. In bfloat16 answers are not float32's token for token, with any kernel: on an
+    AVX-512 host 10 of 16 chat answers of 32 tokens were whole, with oneDNN's kernel and with
+    ours alike (a near tie that one rounding tips, others not); the first 8 tokens of these held
+    with both."""
+    prompts = [chat_ids(smollm2, q) for q in BATCH_QUESTIONS]
+    expected = [dense_greedy(float32_reference, p, 8) for p in prompts]
     runner = ModelRunner(smollm2, num_blocks=64, block_size=16)
-    assert generate(runner, [prompt], tables_for([prompt], 8, 16), 8) == [expected]
-    assert smollm2.tokenizer.decode(expected).startswith("The capital of France is Paris.")
+    assert generate(runner, prompts, tables_for(prompts, 8, 16), 8) == expected
+    assert smollm2.tokenizer.decode(expected[0]).startswith("The capital of France is Paris.")
