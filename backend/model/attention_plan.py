@@ -6,15 +6,19 @@ keep their bits at any batch size; with `own_spans` False they also keep them ov
 context span, else every query attends over its own span (its position's block end) only; prompt
 queries, in tiles of `tile_tokens` tokens sharing a context, get those same bits; every call pads
 each KV head's query rows to a multiple of `row_multiple`, the smallest the probe saw hold. Where
-decodes do not keep them even so, `invariant` is False and the start-up log says so.
+decodes do not keep them even so, `invariant` is False and the start-up log says so. With
+`own_decodes`, every generated token (decodes, and a preempted sequence's tokens computed again)
+is attended as a decode by our own kernel (backend.model.native), which keeps a query's bits at
+any batch and span by construction; prompt queries keep the kernel probed here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from backend.model import native
 from backend.model.attend import attend, block_pieces, decode_mask, tile_mask
 from backend.model.config import ModelConfig
 
@@ -35,13 +39,16 @@ class AttentionPlan:
     own_spans: bool  # each query attends over its own block-rounded span, never a padded one
     invariant: bool
     row_multiple: int = 1  # each KV head's query rows padded to a multiple of this
+    own_decodes: bool = False  # generated tokens attend through our kernel, read in place
 
     def describe(self) -> str:
         spans = "own spans" if self.own_spans else "padded spans"
         rows = f", query rows padded to {self.row_multiple}s" if self.row_multiple > 1 else ""
         held = "holds" if self.invariant else "does NOT hold"
+        decodes = "; decodes: our kernel, read in place" if self.own_decodes else ""
         return (
-            f"attention: prompt tiles of {self.tile_tokens}, {spans}{rows}; batch invariance {held}"
+            f"attention: prompt tiles of {self.tile_tokens}, {spans}{rows}; "
+            f"batch invariance {held}{decodes}"
         )
 
 
@@ -58,6 +65,8 @@ def plan_attention(
             best = plan
         if best.invariant and best.tile_tokens == tile:
             break
+    if native.attends(config.head_dim, dtype, device):
+        return replace(best, own_decodes=True)
     return best
 
 

@@ -8,13 +8,14 @@ per batch element (backend.model.attention_plan probes that both give a query th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from backend.model.attend import attend
 from backend.model.attention_plan import AttentionPlan, plan_attention
 from backend.model.config import ModelConfig
+from backend.model.native_decode import DecodeAttention
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,8 @@ class AttnGroup:
     span: int  # S
     blocks: torch.Tensor  # [B or 1, nb] block ids of the context read (L = nb * bs)
     mask: torch.Tensor | None  # [B, 1, G*S or 1, L] bool, True = attend; None = attend to all
+    # [B] int32 context lengths: decodes our own kernel attends in place (blocks int32, no mask)
+    ends: torch.Tensor | None = None
 
 
 class KVPool:
@@ -69,7 +72,8 @@ class KVPool:
 
 class PagedAttention:
     """One step's attention: writes the new K/V at `slots`, then attends each group over the
-    context gathered from the pool. Implements backend.model.llama.Attention."""
+    context gathered from the pool, or, for the decodes of our own kernel, read where it lies.
+    Implements backend.model.llama.Attention."""
 
     def __init__(self, pool: KVPool, slots: torch.Tensor, groups: list[AttnGroup]) -> None:
         self.pool = pool
@@ -79,6 +83,20 @@ class PagedAttention:
         self.n_kv = cfg.n_kv_heads
         self.d = cfg.head_dim
         self._ids = [g.blocks.view(-1) for g in groups]  # once per step, not per layer
+        # Generated tokens our kernel attends (always the first group), read in place.
+        self.decodes: DecodeAttention | None = None
+        first = groups[0] if groups else None
+        if first is not None and first.ends is not None:
+            own = self.slots[first.rows]
+            self.decodes = DecodeAttention(
+                first.blocks, first.ends, own, pool.k, pool.v, cfg.n_heads
+            )
+        # The rest, numbered from the first row after the decodes (see `prompt`).
+        skip = self.decodes.rows if self.decodes is not None else 0
+        rest = groups[1:] if skip else groups
+        self._rest = [replace(g, rows=slice(g.rows.start - skip, g.rows.stop - skip)) for g in rest]
+        self._rest_ids = self._ids[len(groups) - len(rest) :]
+        self._skip = skip
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -87,12 +105,35 @@ class PagedAttention:
         pool = self.pool
         pool.k_slots[layer].index_copy_(0, self.slots, k)
         pool.v_slots[layer].index_copy_(0, self.slots, v)
-        k_cache, v_cache = pool.k_cache[layer], pool.v_cache[layer]
-        if len(self.groups) == 1:
-            return self._group(self.groups[0], self._ids[0], q, k_cache, v_cache)
+        return self._attend(layer, q, self.groups, self._ids, self.decodes)
+
+    def prompt(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The rows after the decodes' only (the model runs those itself, see
+        backend.model.native_decode): q: [T - B, Hq, D]; k, v: [T - B, Hkv, D]."""
+        slots, pool = self.slots[self._skip :], self.pool
+        pool.k_slots[layer].index_copy_(0, slots, k)
+        pool.v_slots[layer].index_copy_(0, slots, v)
+        return self._attend(layer, q, self._rest, self._rest_ids, None)
+
+    def _attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        groups: list[AttnGroup],
+        ids: list[torch.Tensor],
+        own: DecodeAttention | None,
+    ) -> torch.Tensor:
+        k_cache, v_cache = self.pool.k_cache[layer], self.pool.v_cache[layer]
+        if len(groups) == 1:
+            if own is not None:
+                return own(layer, q)
+            return self._group(groups[0], ids[0], q, k_cache, v_cache)
         out = q.new_empty(q.shape[0], q.shape[1] * self.d)
-        for g, ids in zip(self.groups, self._ids, strict=True):
-            out[g.rows] = self._group(g, ids, q[g.rows], k_cache, v_cache)
+        for i, (g, g_ids) in enumerate(zip(groups, ids, strict=True)):
+            if i == 0 and own is not None:
+                out[g.rows] = own(layer, q[g.rows])
+            else:
+                out[g.rows] = self._group(g, g_ids, q[g.rows], k_cache, v_cache)
         return out
 
     def _group(

@@ -11,6 +11,7 @@ batch-mates only through the projections and the attention, which keep them apar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,6 +22,7 @@ from backend.model import native
 from backend.model.activation import SwiGLU
 from backend.model.config import ModelConfig
 from backend.model.linear import Projection, RowPlanner
+from backend.model.native_decode import DecodeAttention, DecodeLayers
 
 REFINE_K = 16
 
@@ -29,9 +31,17 @@ class Attention(Protocol):
     """Stores the new K/V of one layer and returns the attended values.
 
     q: [T, Hq, D], k and v: [T, Hkv, D] (already rotated) -> [T, Hq * D]
-    """
+
+    `decodes`: the step's first rows our own kernel attends (or None); a model that runs those
+    rows itself passes `prompt` only the rows after them."""
+
+    decodes: DecodeAttention | None
 
     def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor: ...
+
+    def prompt(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor: ...
 
@@ -88,6 +98,16 @@ class Llama:
         ]
         self._swiglu = SwiGLU(config.ffn, self.dtype, self.device)
         self._cos, self._sin = _rope_tables(config, self.device)
+        self._own = self._own_layers()
+
+    def _own_layers(self) -> DecodeLayers | None:
+        """Whole layers for generated rows in our kernels, where every projection is ours."""
+        if not all(p.native for p in self.projections().values()):
+            return None
+        if not native.attends(self.config.head_dim, self.dtype, self.device):
+            return None
+        weights = [(w.attn_norm, w.ffn_norm, w.qkv, w.o, w.gate_up, w.down) for w in self.layers]
+        return DecodeLayers(self.config, weights, self._cos, self._sin)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [T] -> cos, sin: [T, 1, D] in the model dtype; sin's first half is negated
@@ -106,6 +126,8 @@ class Llama:
         why = native.unavailable()
         if why and self.device.type == "cpu" and self.dtype == torch.bfloat16:
             plans.append(f"our kernel for generated rows: not used ({why})")
+        if self._own is not None:
+            plans.append("generated rows: whole layers in our kernels")
         return "; ".join([*plans, self._swiglu.describe()])
 
     def projections(self) -> dict[str, Projection]:
@@ -134,10 +156,38 @@ class Llama:
         Without logits_index every row is projected ([T, V])."""
         cfg = self.config
         x = self.embed.index_select(0, input_ids)  # [T, H] fp32 residual stream
+        own, decodes = self._own, attention.decodes
+        if own is None or decodes is None:
+            self._layers(x, positions, attention, generated)
+        elif decodes.rows != generated:
+            raise ValueError(f"{decodes.rows} decodes for {generated} generated rows")
+        elif generated == x.shape[0]:  # decodes alone (most steps): every layer in one call
+            own(x, 0, len(self.layers), positions.to(torch.int32), decodes)
+        else:  # each layer: the prompt rows first, whose K/V a recomputed sequence's decodes read
+            mine, at = x[:generated], positions[:generated].to(torch.int32)
+            rest = x[generated:]
+            self._layers(
+                rest, positions[generated:], attention.prompt, 0,
+                lambda i: own(mine, i, i + 1, at, decodes),
+            )  # fmt: skip
+        if logits_index is not None:
+            x = x[logits_index]
+        x = F.rms_norm(x, (cfg.hidden,), self.norm, cfg.rms_eps)
+        return self.logits(x)
+
+    def _layers(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        generated: int,
+        after: Callable[[int], None] | None = None,
+    ) -> None:
+        """Every layer over rows x ([T, H] float32, updated in place) at `positions`; `after(i)`
+        runs once layer i is done."""
+        cfg, dt, t = self.config, self.dtype, x.shape[0]
         cos, sin = self.rope(positions)
-        t = x.shape[0]
         n_qk = cfg.n_heads + cfg.n_kv_heads
-        dt = self.dtype
         half = cfg.head_dim // 2
         for i, (w, p) in enumerate(zip(self.layers, self._proj, strict=True)):
             h = F.rms_norm(x, (cfg.hidden,), w.attn_norm, cfg.rms_eps).to(dt)
@@ -147,13 +197,11 @@ class Llama:
             q = qk[:, : cfg.n_heads]
             k = qk[:, cfg.n_heads :]
             v = qkv[:, cfg.q_size + cfg.kv_size :].view(t, cfg.n_kv_heads, cfg.head_dim)
-            x.add_(p.o(attention(i, q, k, v), generated))  # x is this step's own tensor
+            x.add_(p.o(attend(i, q, k, v), generated))  # x is this step's own tensor
             h = F.rms_norm(x, (cfg.hidden,), w.ffn_norm, cfg.rms_eps).to(dt)
             x.add_(p.down(self._swiglu(p.gate_up(h, generated)), generated))
-        if logits_index is not None:
-            x = x[logits_index]
-        x = F.rms_norm(x, (cfg.hidden,), self.norm, cfg.rms_eps)
-        return self.logits(x)
+            if after is not None:
+                after(i)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """x: [N, H] fp32 final hidden states -> [N, V] fp32; the top REFINE_K are exact.
@@ -176,6 +224,8 @@ class Llama:
 class DenseCausalAttention:
     """Causal attention over one whole sequence, no cache: the reference for the paged path."""
 
+    decodes: DecodeAttention | None = None
+
     def __init__(self, group: int) -> None:
         self.group = group
 
@@ -189,6 +239,9 @@ class DenseCausalAttention:
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
         )  # [Hq, S, D]
         return out.transpose(0, 1).reshape(q.shape[0], -1)
+
+    def prompt(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self(layer, q, k, v)
 
 
 def _rope_tables(config: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,13 +1,13 @@
-"""A matrix kernel of our own for the rows a decode step projects (few rows, every weight read
-from memory once): bfloat16 dot products on AVX-512, built from C with the host's compiler on
-first use and kept in a cache folder. oneDNN reads a weight at about half the memory's speed at
-one or two rows; this kernel streams each weight row once, in order.
+"""Our own CPU kernels for what a decode step computes (backend.model.native_c): bfloat16 dot
+products for generated rows, and decode attention read in place from the paged KV pool. Built
+from C with the host's compiler on first use and kept in a cache folder. oneDNN reads a weight at
+about half the memory's speed at one or two rows; ours streams each weight row once, in order.
+A decode's attention reads its context where it lies, without gathering it into a copy.
 
-Invariant: every output is one accumulator over its row in order, reduced and rounded the same
-way whatever the row count, the call's other rows or the thread that runs it, so a row gets the
-same bits alone and in any batch. Where it cannot be built, loaded or does not check out against
-float32, it is not used (and `unavailable()` says why); it never changes what a host without it
-computes.
+Invariant: every output is reduced and rounded the same way whatever the row count, the call's
+other rows or queries, or the thread that runs it, so a row gets the same bits alone and in any
+batch. Where the kernels cannot be built, loaded or do not check out against float32, they are
+not used (and `unavailable()` says why); they never change what a host without them computes.
 """
 
 from __future__ import annotations
@@ -26,111 +26,32 @@ from typing import Final
 
 import torch
 
+from backend.model.native_c import SOURCE
+
 Kernel = Callable[[torch.Tensor], torch.Tensor]  # x: [M, K] -> [M, N]
 
 OFF_ENV: Final = "KVFENCE_NATIVE_KERNELS"  # "0": never build or use it
-_FLAGS: Final = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp", "-shared", "-fPIC")
+# No contraction of a * b + c into one rounding behind our back: the source says where it fuses.
+_FLAGS: Final = (
+    "-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp", "-shared",
+    "-fPIC",
+)  # fmt: skip
+_LIBS: Final = ("-lm",)
 _CPU_FLAGS: Final = ("avx512f", "avx512bw", "avx512_bf16")
-
-SOURCE: Final = r"""
-#include <immintrin.h>
-#include <stdint.h>
-#include <string.h>
-
-static inline uint16_t to_bf16(float f) {  /* round to nearest even, as torch does */
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-/* The 16 lanes' sum in one fixed order, written out (not a compiler builtin whose expansion
-   another compiler version could order otherwise): the same bits from every build. */
-static inline float lanes_sum(__m512 v) {
-  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
-                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  b = _mm_add_ss(b, _mm_movehdup_ps(b));
-  return _mm_cvtss_f32(b);
-}
-
-#define LOAD(p) ((__m512bh)_mm512_loadu_si512((const void*)(p)))
-#define LOADM(p) ((__m512bh)_mm512_maskz_loadu_epi16(mask, (p)))
-
-/* Weight rows n .. n+NB-1 against x rows m0 .. m0+MB-1 (NB <= 2, MB <= 4: constants once
-   inlined). Every output has its own accumulator, fed its row's 32 products at a time in order,
-   then reduced and rounded: the same instructions in the same order for any NB, MB and M. */
-static inline __attribute__((always_inline)) void tile(const uint16_t* x, const uint16_t* w,
-    uint16_t* y, int m0, const int MB, int n, const int NB, int N, int K, int full,
-    __mmask32 mask) {
-  __m512 a[4][2];
-  for (int i = 0; i < 4; i++) { a[i][0] = _mm512_setzero_ps(); a[i][1] = _mm512_setzero_ps(); }
-  const uint16_t* xr = x + (size_t)m0 * K;
-  const uint16_t* w0 = w + (size_t)n * K;
-  const uint16_t* w1 = w0 + K;
-  for (int k = 0; k < full; k += 32) {
-    __m512bh v0 = LOAD(w0 + k), v1 = NB > 1 ? LOAD(w1 + k) : v0;
-    for (int i = 0; i < MB; i++) {
-      __m512bh xv = LOAD(xr + (size_t)i * K + k);
-      a[i][0] = _mm512_dpbf16_ps(a[i][0], xv, v0);
-      if (NB > 1) a[i][1] = _mm512_dpbf16_ps(a[i][1], xv, v1);
-    }
-  }
-  if (mask) {
-    __m512bh v0 = LOADM(w0 + full), v1 = NB > 1 ? LOADM(w1 + full) : v0;
-    for (int i = 0; i < MB; i++) {
-      __m512bh xv = LOADM(xr + (size_t)i * K + full);
-      a[i][0] = _mm512_dpbf16_ps(a[i][0], xv, v0);
-      if (NB > 1) a[i][1] = _mm512_dpbf16_ps(a[i][1], xv, v1);
-    }
-  }
-  for (int i = 0; i < MB; i++) {
-    y[(size_t)(m0 + i) * N + n] = to_bf16(lanes_sum(a[i][0]));
-    if (NB > 1) y[(size_t)(m0 + i) * N + n + 1] = to_bf16(lanes_sum(a[i][1]));
-  }
-}
-
-#define ROWS(NB) do { \
-    int m0 = 0; \
-    for (; m0 + 4 <= M; m0 += 4) tile(x, w, y, m0, 4, n, NB, N, K, full, mask); \
-    switch (M - m0) { \
-      case 1: tile(x, w, y, m0, 1, n, NB, N, K, full, mask); break; \
-      case 2: tile(x, w, y, m0, 2, n, NB, N, K, full, mask); break; \
-      case 3: tile(x, w, y, m0, 3, n, NB, N, K, full, mask); break; \
-      default: break; \
-    } } while (0)
-
-/* y[M, N] = x[M, K] @ w[N, K]^T, all bfloat16, row-major. One or two rows: each weight row is
-   read once, in order (one stream); more: two weight rows share each load of x. */
-void kvfence_gemv_bf16(const uint16_t* x, const uint16_t* w, uint16_t* y, int M, int N, int K,
-                       int threads) {
-  const int full = K & ~31;
-  const __mmask32 mask = (__mmask32)((1ull << (K - full)) - 1);
-  if (M <= 2) {
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int n = 0; n < N; n++) ROWS(1);
-  } else {
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int n = 0; n < N; n += 2) {
-      if (n + 1 < N) ROWS(2); else ROWS(1);
-    }
-  }
-}
-"""
+_MAX_HEAD_DIM: Final = 256  # MAX_CHUNKS in the source
 
 
 def unavailable() -> str | None:
-    """Why the kernel is not used on this host (None: it is)."""
+    """Why our kernels are not used on this host (None: they are)."""
     return _loaded()[1]
 
 
 def gemv_kernel(weight: torch.Tensor) -> Kernel | None:
     """x @ weight.T for bfloat16 rows on this CPU, or None where the kernel is not used."""
-    fn = _loaded()[0]
-    if fn is None or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+    lib = _loaded()[0]
+    if lib is None or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
         return None
+    fn = lib.kvfence_gemv_bf16
     w = weight.contiguous()
     n, k = w.shape
 
@@ -148,8 +69,24 @@ def gemv_kernel(weight: torch.Tensor) -> Kernel | None:
     return run
 
 
+def attends(head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether decode attention of this shape goes to our kernel."""
+    return (
+        _loaded()[0] is not None
+        and dtype == torch.bfloat16
+        and device.type == "cpu"
+        and head_dim % 16 == 0
+        and head_dim <= _MAX_HEAD_DIM
+    )
+
+
+def library() -> ctypes.CDLL | None:
+    """The built and checked library, or None where it is not used (see `unavailable`)."""
+    return _loaded()[0]
+
+
 @functools.cache
-def _loaded() -> tuple[Callable[..., None] | None, str | None]:
+def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
     if os.environ.get(OFF_ENV) == "0":
         return None, f"{OFF_ENV}=0"
     if platform.system() != "Linux" or platform.machine() != "x86_64":
@@ -161,11 +98,11 @@ def _loaded() -> tuple[Callable[..., None] | None, str | None]:
     if compiler is None:
         return None, "no C compiler (gcc or cc) on PATH"
     try:
-        fn = _build(compiler)
+        lib = _build(compiler)
     except (OSError, subprocess.SubprocessError) as exc:
         return None, f"build failed: {str(exc).splitlines()[0][:200]}"
-    problem = _check(fn)
-    return (None, problem) if problem else (fn, None)
+    problem = _check(lib)
+    return (None, problem) if problem else (lib, None)
 
 
 def _cpu_flags() -> set[str]:
@@ -177,7 +114,7 @@ def _cpu_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
-def _build(compiler: str) -> Callable[..., None]:
+def _build(compiler: str) -> ctypes.CDLL:
     """Compile once per source, compiler and flags into the cache folder (written under a
     temporary name, then renamed: processes starting together never load half a file)."""
     # The compiler is the one this process's own PATH (or CC) names: no input from a request.
@@ -191,7 +128,7 @@ def _build(compiler: str) -> Callable[..., None]:
         src = Path(tmp).with_suffix(".c")
         try:
             src.write_text(SOURCE)
-            cmd = [compiler, *_FLAGS, str(src), "-o", tmp]
+            cmd = [compiler, *_FLAGS, str(src), "-o", tmp, *_LIBS]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # noqa: S603
             if done.returncode:
                 raise OSError(done.stderr.strip() or f"{compiler} exited {done.returncode}")
@@ -201,10 +138,18 @@ def _build(compiler: str) -> Callable[..., None]:
             Path(tmp).unlink(missing_ok=True)
     _own(lib)
     # torch is loaded first: the library's OpenMP is torch's own (one pool of threads).
-    fn = ctypes.CDLL(str(lib)).kvfence_gemv_bf16
-    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
-    fn.restype = None
-    return fn
+    loaded = ctypes.CDLL(str(lib))
+    gemv = loaded.kvfence_gemv_bf16
+    gemv.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
+    gemv.restype = None
+    attention = loaded.kvfence_decode_attention
+    pointer, integer = ctypes.c_void_p, ctypes.c_int
+    attention.argtypes = [
+        pointer, ctypes.c_long, pointer, pointer, pointer, integer, pointer, pointer,
+        integer, integer, integer, integer, integer, ctypes.c_float, integer,
+    ]  # fmt: skip
+    attention.restype = None
+    return loaded
 
 
 def _cache_folder() -> Path:
@@ -231,15 +176,53 @@ def _own(path: Path) -> Path:
     return path
 
 
-def _check(fn: Callable[..., None]) -> str | None:
-    """The built kernel against float32 on odd shapes (a tail in K, an odd N, 1-9 rows)."""
+def _check(lib: ctypes.CDLL) -> str | None:
+    """The built kernels against float32 on odd shapes: products with a tail in K, an odd N and
+    1-9 rows; attention over scattered blocks with a part-filled last one."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(37, 1000, generator=gen).to(torch.bfloat16)
     for m in (1, 2, 3, 5, 9):
         x = torch.randn(m, 1000, generator=gen).to(torch.bfloat16)
         y = torch.empty(m, 37, dtype=torch.bfloat16)
-        fn(x.data_ptr(), w.data_ptr(), y.data_ptr(), m, 37, 1000, 1)
+        lib.kvfence_gemv_bf16(x.data_ptr(), w.data_ptr(), y.data_ptr(), m, 37, 1000, 1)
         ref = x.float() @ w.float().T
         if not torch.allclose(y.float(), ref, rtol=1e-2, atol=1e-1):
             return f"the built kernel disagrees with float32 at {m} rows"
+    bs, hq, hkv, d = 4, 6, 2, 32
+    k, v = torch.randn(2, 8 * bs, hkv, d, generator=gen).to(torch.bfloat16)
+    q = torch.randn(2, hq, d, generator=gen).to(torch.bfloat16)
+    blocks = torch.tensor([[5, 2, 7], [1, 0, 3]], dtype=torch.int32)
+    ends = torch.tensor([11, 3], dtype=torch.int32)
+    out = torch.empty(2, hq * d, dtype=torch.bfloat16)
+    lib.kvfence_decode_attention(
+        q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), blocks.data_ptr(), 3,
+        ends.data_ptr(), out.data_ptr(), 2, hq, hkv, d, bs, d**-0.5, 1,
+    )  # fmt: skip
+    ref = reference_attention(q, k, v, blocks, ends, bs)
+    if not torch.allclose(out.float(), ref, rtol=1e-2, atol=1e-2):
+        return "the built decode attention disagrees with float32"
     return None
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    blocks: torch.Tensor,
+    ends: torch.Tensor,
+    block_size: int,
+) -> torch.Tensor:
+    """decode_attention's result in float32 by gathering each context (the check's yardstick)."""
+    out = []
+    group = q.shape[1] // k.shape[1]
+    for b in range(q.shape[0]):
+        n = int(ends[b])
+        pos = torch.arange(n)
+        slots = blocks[b].long()[pos // block_size] * block_size + pos % block_size
+        kb = k[slots].float().repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, n, D]
+        vb = v[slots].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        weights = torch.softmax(
+            q[b].float().unsqueeze(1) @ kb.transpose(1, 2) / q.shape[2] ** 0.5, -1
+        )
+        out.append((weights @ vb).reshape(-1))
+    return torch.stack(out)

@@ -5,7 +5,9 @@ after, so the projections run each kind apart whatever shares the step; a chunk 
 (a preempted sequence computed again) is cut in two at its prompt's end. Single generated tokens
 (decodes) form one batched attention group (one per span under `own_spans`); every other piece
 attends in query tiles of the plan's size, its own group (one per block under `own_spans`);
-sampled rows follow the order of `sampled`.
+sampled rows follow the order of `sampled`. Under the plan's `own_decodes` every generated token,
+a preempted sequence's computed again included, is a decode of that one group, and the group
+carries each query's context length for our kernel.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def build_step_inputs(
     built: list[tuple[AttnGroup, torch.Tensor]] = []
     offset = 0
     for batch in batches:
-        built.append(_decode_group(batch, offset, block_size, device))
+        built.append(_decode_group(batch, offset, block_size, device, plan.own_decodes))
         offset += len(batch)
     for p in longer:
         built.append(_tile_group(p, offset, block_size, group, plan.tile_tokens, device))
@@ -113,37 +115,55 @@ def _arrange(
     generated: list[_Piece], prompt: list[_Piece], block_size: int, plan: AttentionPlan
 ) -> tuple[list[list[_Piece]], list[_Piece]]:
     """(batches of decodes, pieces attended in tiles), generated pieces ahead of prompt ones."""
+    if plan.own_decodes:  # one group, each query over exactly its own context
+        decodes = [_Piece(p.chunk, q, q + 1) for p in generated for q in range(p.start, p.end)]
+        return ([decodes] if decodes else []), _prompt_calls(prompt, block_size, plan)
     decodes = [p for p in generated if p.end - p.start == 1]
     longer = [p for p in generated if p.end - p.start > 1] + prompt
     if not plan.own_spans:
-        # A call reads the keys its last query sees: a long piece in several calls reads less.
-        per = plan.tile_tokens * max(1, _CALL_TOKENS // plan.tile_tokens)
-        bounds = [(p, range(p.start, p.end, per)) for p in longer]
-        calls = [_Piece(p.chunk, a, min(a + per, p.end)) for p, starts in bounds for a in starts]
-        return ([decodes] if decodes else []), calls
+        return ([decodes] if decodes else []), _prompt_calls(longer, block_size, plan)
     # No query may attend over a span longer than its own: decodes by span, pieces by block.
     spans: dict[int, list[_Piece]] = {}
     for p in decodes:
         spans.setdefault(-(-p.end // block_size), []).append(p)
-    cut = [(p, block_pieces(p.start, p.end, block_size)) for p in longer]
-    return [spans[n] for n in sorted(spans)], [_Piece(p.chunk, a, b) for p, c in cut for a, b in c]
+    return [spans[n] for n in sorted(spans)], _prompt_calls(longer, block_size, plan)
+
+
+def _prompt_calls(longer: list[_Piece], block_size: int, plan: AttentionPlan) -> list[_Piece]:
+    """Pieces attended in tiles, each cut into the calls it is attended in."""
+    if plan.own_spans:
+        cut = [(p, block_pieces(p.start, p.end, block_size)) for p in longer]
+        return [_Piece(p.chunk, a, b) for p, c in cut for a, b in c]
+    # A call reads the keys its last query sees: a long piece in several calls reads less.
+    per = plan.tile_tokens * max(1, _CALL_TOKENS // plan.tile_tokens)
+    bounds = [(p, range(p.start, p.end, per)) for p in longer]
+    return [_Piece(p.chunk, a, min(a + per, p.end)) for p, starts in bounds for a in starts]
 
 
 def _decode_group(
-    batch: list[_Piece], offset: int, block_size: int, device: torch.device
+    batch: list[_Piece], offset: int, block_size: int, device: torch.device, own: bool
 ) -> tuple[AttnGroup, torch.Tensor]:
-    """One query token per element, each over its own table (padded); and the slots written."""
+    """One query token per element, each over its own table (padded); and the slots written.
+    `own`: for our kernel, which reads each context to its end (no mask, int32 tables)."""
     ends = [p.end for p in batch]
     n_blocks = -(-max(ends) // block_size)
     span = n_blocks * block_size
-    # Short tables are padded with block 0: those positions are masked out.
+    # Short tables are padded with block 0: those positions are masked out (or never read).
     tables = [p.chunk.block_table[:n_blocks] for p in batch]
-    blocks = torch.tensor([[*t, *([0] * (n_blocks - len(t)))] for t in tables], device=device)
+    rows = [[*t, *([0] * (n_blocks - len(t)))] for t in tables]
+    slots = torch.tensor(
+        [row[p.start // block_size] * block_size + p.start % block_size
+         for row, p in zip(rows, batch, strict=True)],
+        device=device,
+    )  # fmt: skip
+    group = slice(offset, offset + len(batch))
+    if own:
+        blocks = torch.tensor(rows, device=device, dtype=torch.int32)
+        lengths = torch.tensor(ends, device=device, dtype=torch.int32)
+        return AttnGroup(group, len(batch), 1, blocks, None, lengths), slots
+    blocks = torch.tensor(rows, device=device)
     mask = None if min(ends) == span else decode_mask(torch.tensor(ends, device=device), span)
-    pos = torch.tensor([p.start for p in batch], device=device)
-    slots = blocks[torch.arange(len(batch), device=device), pos // block_size] * block_size
-    g = AttnGroup(slice(offset, offset + len(batch)), len(batch), 1, blocks, mask)
-    return g, slots + pos % block_size
+    return AttnGroup(group, len(batch), 1, blocks, mask), slots
 
 
 def _tile_group(

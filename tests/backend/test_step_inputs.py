@@ -72,3 +72,23 @@ def test_a_long_prompt_attends_in_calls_that_read_only_the_keys_they_see() -> No
     calls = [(g.rows.start, g.rows.stop, g.mask.shape[-1] if g.mask is not None else 0)
              for g in inputs.groups]  # fmt: skip
     assert calls == [(0, 90, 92), (90, 180, 180), (180, 200, 200)]
+
+
+def test_under_our_decode_kernel_every_generated_token_is_a_decode_over_its_own_context() -> None:
+    chunks = [
+        chunk(1, 0, 6, prompt_len=6),  # a prompt
+        chunk(2, 9, 1, prompt_len=5),  # a decode
+        chunk(3, 0, 9, prompt_len=6),  # computed again: 6 prompt tokens, 3 generated ones
+    ]
+    plan = AttentionPlan(tile_tokens=2, own_spans=True, invariant=True, own_decodes=True)
+    inputs = build_step_inputs(chunks, BS, 2, plan, CPU)
+    assert inputs.generated == 4
+    decodes, *tiles = inputs.groups
+    assert (decodes.rows.start, decodes.rows.stop, decodes.batch, decodes.span) == (0, 4, 4, 1)
+    assert decodes.mask is None and decodes.ends is not None
+    assert decodes.ends.tolist() == [10, 7, 8, 9]  # each token attends up to itself, no further
+    assert decodes.blocks.dtype == torch.int32 and decodes.ends.dtype == torch.int32
+    assert decodes.blocks[:, :2].tolist() == [[20, 21], [30, 31], [30, 31], [30, 31]]
+    assert inputs.slots[:4].tolist() == [22 * BS + 1, 31 * BS + 2, 31 * BS + 3, 32 * BS]
+    assert all(g.ends is None for g in tiles)  # prompt tokens keep the probed tiles
+    assert inputs.positions.tolist() == [9, 6, 7, 8, *range(6), *range(6)]

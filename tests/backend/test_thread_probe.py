@@ -9,6 +9,7 @@ import torch
 from backend.model import LoadedModel
 from backend.model.kv_pool import AttnGroup
 from backend.model.llama import Attention
+from backend.model.native_decode import DecodeAttention
 from backend.runner import ModelRunner
 from backend.thread_probe import agree, thread_counts
 
@@ -65,14 +66,22 @@ def test_a_step_that_follows_the_thread_count_is_caught(
     """Attention is not a projection: only the paged steps can see it drift."""
     attention = runner.pool.attention
 
-    def drifting(slots: torch.Tensor, groups: list[AttnGroup]) -> Attention:
-        paged = attention(slots, groups)
+    class Drifting:
+        decodes: DecodeAttention | None = None  # every row through `__call__`, ours too
 
-        def call(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            out = paged(layer, q, k, v)
+        def __init__(self, slots: torch.Tensor, groups: list[AttnGroup]) -> None:
+            self.paged = attention(slots, groups)
+
+        def __call__(
+            self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        ) -> torch.Tensor:
+            out = self.paged(layer, q, k, v)
             return out * 1.01 if torch.get_num_threads() == 1 else out
 
-        return call
+        prompt = __call__
+
+    def drifting(slots: torch.Tensor, groups: list[AttnGroup]) -> Attention:
+        return Drifting(slots, groups)
 
     monkeypatch.setattr(runner.pool, "attention", drifting)
     assert not agree(runner, (2, 1))

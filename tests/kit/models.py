@@ -62,10 +62,10 @@ TINY = ModelConfig(
 )
 
 
-def tiny_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random weights under Hugging Face names for TINY."""
+def tiny_tensors(seed: int = 0, config: ModelConfig = TINY) -> dict[str, torch.Tensor]:
+    """Random weights under Hugging Face names for TINY (or another small config)."""
     gen = torch.Generator().manual_seed(seed)
-    c = TINY
+    c = config
     shapes = {"model.embed_tokens.weight": (c.vocab, c.hidden), "model.norm.weight": (c.hidden,)}
     for i in range(c.n_layers):
         p = f"model.layers.{i}."
