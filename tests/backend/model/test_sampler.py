@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from backend.engine.plan import SamplingParams
+from backend.model import sampler
 from backend.model.sampler import sample, seeded_generator
 from tests.kit.device_reads import DeviceReads
 
@@ -227,3 +228,33 @@ def test_a_temperature_too_small_to_divide_by_draws_the_argmax(temperature: floa
         seeded(6, temperature, 0.3),
     ]
     assert sample(logits, params, [0] * 4, gen(11)) == logits.argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("uniform", [0.0, 0.5, 1.0])
+def test_a_token_of_no_weight_is_never_drawn_whatever_the_uniform(
+    uniform: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The draw finds one uniform per row in the row's running sum: at either end of its range
+    (1.0 stands for a product that rounds up to the total) it still lands on a token with mass."""
+    weights = torch.tensor(
+        [[0.0, 0.0, 0.25, 0.0, 0.75, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]]
+    )
+    monkeypatch.setattr(
+        torch, "rand", lambda shape, **kw: torch.full(shape, uniform, dtype=kw.get("dtype"))
+    )
+    drawn = sampler._categorical(weights, gen(0)).tolist()
+    assert drawn == [2 if uniform < 0.25 else 4, 1]
+
+
+def test_a_batch_of_rows_draws_each_row_from_its_own_distribution() -> None:
+    """Unseeded rows share one draw: each row still follows its own softmax."""
+    probs = [[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]
+    logits = torch.tensor([[math.log(p) for p in row] for row in probs])
+    g = gen(8)
+    counts: list[Counter[int]] = [Counter(), Counter()]
+    for _ in range(2000):
+        for i, t in enumerate(sample(logits, [SamplingParams()] * 2, [0, 0], g)):
+            counts[i][t] += 1
+    for i, row in enumerate(probs):
+        for token, p in enumerate(row):
+            assert abs(counts[i][token] / 2000 - p) < 0.04, (i, token)
