@@ -1,7 +1,9 @@
 """Our backend beside vLLM in one run: the roofline (bench.roofline, in a process of its own under
 the servers' environment), then the streaming scenarios of bench.backend_throughput with every
 server up at once and their rounds interleaved (the order rotating each round), so load from
-other work on the host falls on all of them alike; the goals are judged on the same run.
+other work on the host falls on all of them alike; the goals are judged on the same run. Each
+round starts after a pause (`--settle-s`): a server's work after its last answer (vLLM's engine
+keeps a core busy for about a second) must not land on the next server's round.
 
 Invariant: figures are compared only within one run; each run is recorded under its label with
 the host, every server's settings and the goals, and replaces only that label's entry.
@@ -116,6 +118,7 @@ async def interleaved(targets: list[Target], args: argparse.Namespace) -> list[d
                 for r in range(args.rounds):
                     for k in range(len(targets)):
                         i = (k + r) % len(targets)
+                        await asyncio.sleep(args.settle_s)
                         samples, seconds = await bt.run_round(
                             sessions[i], targets[i], streams, hit, args
                         )
@@ -145,6 +148,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompt-words", type=int, default=260)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--settle-s", type=float, default=2.0, help="pause before each server's round (seconds)"
+    )
     p.add_argument("--request-timeout-s", type=float, default=600.0)
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     p.add_argument("--backend-threads", type=int, default=os.cpu_count() or 1)
@@ -205,7 +211,9 @@ def measured(args: argparse.Namespace, hogs: int) -> dict[str, Any]:
         "isa_caps": AVX2_CAPS if args.emulate_avx2 else {},
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         "servers": servers,
-        "scenario": {k: getattr(args, k) for k in ("max_tokens", "prompt_words", "rounds")},
+        "scenario": {
+            k: getattr(args, k) for k in ("max_tokens", "prompt_words", "rounds", "settle_s")
+        },
         "roofline": roofs,
         "results": rows,
         "goals": GOALS,
