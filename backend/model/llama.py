@@ -162,13 +162,12 @@ class Llama:
         elif decodes.rows != generated:
             raise ValueError(f"{decodes.rows} decodes for {generated} generated rows")
         elif generated == x.shape[0]:  # decodes alone (most steps): every layer in one call
-            own(x, 0, len(self.layers), positions.to(torch.int32), decodes)
+            own(x, 0, len(self.layers), decodes)
         else:  # each layer: the prompt rows first, whose K/V a recomputed sequence's decodes read
-            mine, at = x[:generated], positions[:generated].to(torch.int32)
-            rest = x[generated:]
+            mine, rest = x[:generated], x[generated:]
             self._layers(
                 rest, positions[generated:], attention.prompt, 0,
-                lambda i: own(mine, i, i + 1, at, decodes),
+                lambda i: own(mine, i, i + 1, decodes),
             )  # fmt: skip
         if logits_index is not None:
             x = x[logits_index]

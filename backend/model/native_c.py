@@ -199,14 +199,15 @@ static void rms_norm_rows(const float* x, const float* w, uint16_t* h, int M, in
   }
 }
 
-/* Rotate-half on the q and k heads of each qkv row, in place: every value once, rounded once. */
+/* Rotate-half on the q and k heads of each qkv row, in place: every value once, rounded once.
+   Row m is a decode at position ends[m] - 1 (the last of its context). */
 static void rope_rows(uint16_t* qkv, int M, int stride, int heads, int D, const float* cos,
-                      const float* sin, const int32_t* positions) {
+                      const float* sin, const int32_t* ends) {
   const int half = D / 2;
   float t[512];
   for (int m = 0; m < M; m++) {
-    const float* c = cos + (size_t)positions[m] * D;
-    const float* s = sin + (size_t)positions[m] * D;
+    const float* c = cos + (size_t)(ends[m] - 1) * D;
+    const float* s = sin + (size_t)(ends[m] - 1) * D;
     for (int hd = 0; hd < heads; hd++) {
       uint16_t* r = qkv + (size_t)m * stride + (size_t)hd * D;
       for (int d = 0; d < D; d++) t[d] = widen1(r[d]);
@@ -229,13 +230,14 @@ static void add_rows(float* x, const uint16_t* y, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] += widen1(y[i]);
 }
 
-/* Layers [first, last) of the generated rows x ([M, H] float32, updated in place): norm, qkv,
+/* Layers [first, last) of the generated rows x ([M, H] float32, updated in place), row m a
+   decode at position ends[m] - 1, its K/V written to slots[m]: norm, qkv,
    rotary, K/V written to their slots, attention read in place, o, norm, SwiGLU, down. K/V of
    layer l lie at k + l * layer_stride ([slots, Hkv, D]). Every op keeps rows apart and runs in
    one fixed order, so a row's bits never depend on M or the thread count. */
 void kvfence_decode_layers(const struct kvfence_model* mdl, int first, int last, float* x,
-                           int M, const int32_t* positions, const int64_t* slots,
-                           uint16_t* k, uint16_t* v, long layer_stride, const int32_t* blocks,
+                           int M, const int64_t* slots, uint16_t* k, uint16_t* v,
+                           long layer_stride, const int32_t* blocks,
                            int nb, const int32_t* ends, int bs, int threads) {
   const int H = mdl->H, F = mdl->F, Hq = mdl->Hq, Hkv = mdl->Hkv, D = mdl->D;
   const int nq = Hq * D, nkv = Hkv * D, nqkv = nq + 2 * nkv;
@@ -250,7 +252,7 @@ void kvfence_decode_layers(const struct kvfence_model* mdl, int first, int last,
     uint16_t* vl = v + (size_t)l * layer_stride;
     rms_norm_rows(x, w->attn_norm, h, M, H, mdl->eps);
     kvfence_gemv_bf16(h, w->qkv, qkv, M, nqkv, H, threads);
-    rope_rows(qkv, M, nqkv, Hq + Hkv, D, mdl->cos, mdl->sin, positions);
+    rope_rows(qkv, M, nqkv, Hq + Hkv, D, mdl->cos, mdl->sin, ends);
     for (int m = 0; m < M; m++) {
       memcpy(kl + (size_t)slots[m] * nkv, qkv + (size_t)m * nqkv + nq, sizeof(uint16_t) * nkv);
       memcpy(vl + (size_t)slots[m] * nkv, qkv + (size_t)m * nqkv + nq + nkv,

@@ -28,7 +28,7 @@ class DecodeAttention:
     [0, ends[b]) of its table); slots: [B] the flat slots their K/V go to; k, v: the pool,
     [layers, blocks, block_size, Hkv, D] bfloat16."""
 
-    __slots__ = ("_args", "_fn", "_k", "_v", "blocks", "ends", "slots")
+    __slots__ = ("_args", "_fn", "_k", "_v", "blocks", "ends", "longest", "slots")
 
     def __init__(
         self, blocks: torch.Tensor, ends: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
@@ -42,13 +42,14 @@ class DecodeAttention:
         self.ends = ends.to(torch.int32).contiguous()
         self.slots = slots.to(torch.int64).contiguous()
         b, nb = self.blocks.shape
+        self.longest = int(self.ends.max()) if b else 0  # the last position read is longest - 1
         if heads % kv_heads or self.ends.shape != (b,) or self.slots.shape != (b,):
             raise ValueError(f"{heads} heads over {kv_heads}, {b} tables, {tuple(slots.shape)}")
         if v.shape != k.shape or not (k.is_contiguous() and v.is_contiguous()):
             raise ValueError("K and V are one dense pool each, of one shape")
         if b and (
             int(self.ends.min()) < 1
-            or int(self.ends.max()) > nb * block_size
+            or self.longest > nb * block_size
             or int(self.blocks.min()) < 0
             or int(self.blocks.max()) >= n_blocks
             or int(self.slots.min()) < 0
@@ -146,37 +147,28 @@ class DecodeLayers:
         self._hidden = c.hidden
         self._fn = lib.kvfence_decode_layers
         self._fn.argtypes = [
-            ctypes.POINTER(_Model), _INT, _INT, _PTR, _INT, _PTR, _PTR, _PTR, _PTR,
+            ctypes.POINTER(_Model), _INT, _INT, _PTR, _INT, _PTR, _PTR, _PTR,
             ctypes.c_long, _PTR, _INT, _PTR, _INT, _INT,
         ]  # fmt: skip
         self._fn.restype = None
 
-    def __call__(
-        self,
-        x: torch.Tensor,
-        first: int,
-        last: int,
-        positions: torch.Tensor,
-        decodes: DecodeAttention,
-    ) -> None:
+    def __call__(self, x: torch.Tensor, first: int, last: int, decodes: DecodeAttention) -> None:
         """Layers [first, last) of the generated rows x ([B, H] float32, contiguous; updated in
-        place) at `positions` ([B] int32), their K/V written to the decodes' slots."""
+        place), each a decode at its context's last position, its K/V written to its slot."""
         b = decodes.rows
         if x.shape != (b, self._hidden) or x.dtype != torch.float32 or not x.is_contiguous():
             raise ValueError(f"rows {tuple(x.shape)} {x.dtype}: [{b}, {self._hidden}] float32")
-        if positions.shape != (b,) or positions.dtype != torch.int32:
-            raise ValueError("one int32 position per row")
         if not 0 <= first <= last <= self.count:
             raise ValueError(f"layers [{first}, {last}) of {self.count}")
-        if b and (int(positions.min()) < 0 or int(positions.max()) >= self._model.positions):
+        if decodes.longest > self._model.positions:
             raise ValueError("a position past the rotary table")
         k, v, (block_size, per_layer) = decodes.pool()
         if k.shape[0] != self.count:
             raise ValueError(f"a pool of {k.shape[0]} layers for {self.count}")
         if b and last > first:
             self._fn(
-                ctypes.byref(self._model), first, last, x.data_ptr(), b, positions.data_ptr(),
-                decodes.slots.data_ptr(), k.data_ptr(), v.data_ptr(),
+                ctypes.byref(self._model), first, last, x.data_ptr(), b, decodes.slots.data_ptr(),
+                k.data_ptr(), v.data_ptr(),
                 per_layer * self._model.Hkv * self._model.D, decodes.blocks.data_ptr(),
                 decodes.blocks.shape[1], decodes.ends.data_ptr(), block_size,
                 torch.get_num_threads(),
