@@ -9,7 +9,8 @@ each KV head's query rows to a multiple of `row_multiple`, the smallest the prob
 decodes do not keep them even so, `invariant` is False and the start-up log says so. With
 `own_decodes`, every generated token (decodes, and a preempted sequence's tokens computed again)
 is attended as a decode by our own kernel (backend.model.native), which keeps a query's bits at
-any batch and span by construction; prompt queries keep the kernel probed here.
+any batch and span by construction; with `own_prompts` so are prompt queries, by our prompt
+kernel (any chunk, batch or thread), else they keep the kernel probed here.
 """
 
 from __future__ import annotations
@@ -40,8 +41,14 @@ class AttentionPlan:
     invariant: bool
     row_multiple: int = 1  # each KV head's query rows padded to a multiple of this
     own_decodes: bool = False  # generated tokens attend through our kernel, read in place
+    own_prompts: bool = False  # so do prompt tokens (through our prompt kernel)
 
     def describe(self) -> str:
+        if self.own_decodes and self.own_prompts:
+            return (
+                "attention: our kernels for decodes and prompts, read in place; "
+                "batch invariance holds"
+            )
         spans = "own spans" if self.own_spans else "padded spans"
         rows = f", query rows padded to {self.row_multiple}s" if self.row_multiple > 1 else ""
         held = "holds" if self.invariant else "does NOT hold"
@@ -66,7 +73,8 @@ def plan_attention(
         if best.invariant and best.tile_tokens == tile:
             break
     if native.attends(config.head_dim, dtype, device):
-        return replace(best, own_decodes=True)
+        prompts = config.group <= native.PROMPT_GROUP_MAX
+        return replace(best, own_decodes=True, own_prompts=prompts)
     return best
 
 

@@ -15,7 +15,7 @@ import torch
 from backend.model.attend import attend
 from backend.model.attention_plan import AttentionPlan, plan_attention
 from backend.model.config import ModelConfig
-from backend.model.native_decode import DecodeAttention
+from backend.model.native_decode import DecodeAttention, PromptAttention
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,8 +29,10 @@ class AttnGroup:
     span: int  # S
     blocks: torch.Tensor  # [B or 1, nb] block ids of the context read (L = nb * bs)
     mask: torch.Tensor | None  # [B, 1, G*S or 1, L] bool, True = attend; None = attend to all
-    # [B] int32 context lengths: decodes our own kernel attends in place (blocks int32, no mask)
+    # [B] int32 context lengths: queries our own kernel attends in place (blocks int32, one
+    # table per query, no mask): decodes, or with `prompts` the step's prompt rows
     ends: torch.Tensor | None = None
+    prompts: bool = False
 
 
 class KVPool:
@@ -72,8 +74,8 @@ class KVPool:
 
 class PagedAttention:
     """One step's attention: writes the new K/V at `slots`, then attends each group over the
-    context gathered from the pool, or, for the decodes of our own kernel, read where it lies.
-    Implements backend.model.llama.Attention."""
+    context gathered from the pool, or, for the queries of our own kernels (decodes, and prompt
+    rows), read where it lies. Implements backend.model.llama.Attention."""
 
     def __init__(self, pool: KVPool, slots: torch.Tensor, groups: list[AttnGroup]) -> None:
         self.pool = pool
@@ -83,19 +85,23 @@ class PagedAttention:
         self.n_kv = cfg.n_kv_heads
         self.d = cfg.head_dim
         self._ids = [g.blocks.view(-1) for g in groups]  # once per step, not per layer
-        # Generated tokens our kernel attends (always the first group), read in place.
-        self.decodes: DecodeAttention | None = None
-        first = groups[0] if groups else None
-        if first is not None and first.ends is not None:
-            own = self.slots[first.rows]
-            self.decodes = DecodeAttention(
-                first.blocks, first.ends, own, pool.k, pool.v, cfg.n_heads
+        # Queries our kernels attend, read in place: tables and slots checked once per step.
+        self._own: list[DecodeAttention | None] = [
+            None if g.ends is None
+            else (PromptAttention if g.prompts else DecodeAttention)(
+                g.blocks, g.ends, self.slots[g.rows], pool.k, pool.v, cfg.n_heads
             )
+            for g in groups
+        ]  # fmt: skip
+        # Generated tokens our kernel attends (always the first group).
+        first = self._own[0] if groups and not groups[0].prompts else None
+        self.decodes: DecodeAttention | None = first
         # The rest, numbered from the first row after the decodes (see `prompt`).
         skip = self.decodes.rows if self.decodes is not None else 0
         rest = groups[1:] if skip else groups
         self._rest = [replace(g, rows=slice(g.rows.start - skip, g.rows.stop - skip)) for g in rest]
         self._rest_ids = self._ids[len(groups) - len(rest) :]
+        self._rest_own = self._own[len(groups) - len(rest) :]
         self._skip = skip
 
     def __call__(
@@ -105,7 +111,7 @@ class PagedAttention:
         pool = self.pool
         pool.k_slots[layer].index_copy_(0, self.slots, k)
         pool.v_slots[layer].index_copy_(0, self.slots, v)
-        return self._attend(layer, q, self.groups, self._ids, self.decodes)
+        return self._attend(layer, q, self.groups, self._ids, self._own)
 
     def prompt(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The rows after the decodes' only (the model runs those itself, see
@@ -113,7 +119,7 @@ class PagedAttention:
         slots, pool = self.slots[self._skip :], self.pool
         pool.k_slots[layer].index_copy_(0, slots, k)
         pool.v_slots[layer].index_copy_(0, slots, v)
-        return self._attend(layer, q, self._rest, self._rest_ids, None)
+        return self._attend(layer, q, self._rest, self._rest_ids, self._rest_own)
 
     def _attend(
         self,
@@ -121,17 +127,17 @@ class PagedAttention:
         q: torch.Tensor,
         groups: list[AttnGroup],
         ids: list[torch.Tensor],
-        own: DecodeAttention | None,
+        own: list[DecodeAttention | None],
     ) -> torch.Tensor:
         k_cache, v_cache = self.pool.k_cache[layer], self.pool.v_cache[layer]
         if len(groups) == 1:
-            if own is not None:
-                return own(layer, q)
+            if own[0] is not None:
+                return own[0](layer, q)
             return self._group(groups[0], ids[0], q, k_cache, v_cache)
         out = q.new_empty(q.shape[0], q.shape[1] * self.d)
-        for i, (g, g_ids) in enumerate(zip(groups, ids, strict=True)):
-            if i == 0 and own is not None:
-                out[g.rows] = own(layer, q[g.rows])
+        for g, g_ids, kernel in zip(groups, ids, own, strict=True):
+            if kernel is not None:
+                out[g.rows] = kernel(layer, q[g.rows])
             else:
                 out[g.rows] = self._group(g, g_ids, q[g.rows], k_cache, v_cache)
         return out

@@ -1,8 +1,9 @@
-"""Our own CPU kernels for what a decode step computes (backend.model.native_c): bfloat16 dot
-products for generated rows, and decode attention read in place from the paged KV pool. Built
+"""Our own CPU kernels (backend.model.native_c): bfloat16 dot products for generated rows, and
+attention of decodes and of prompt rows read in place from the paged KV pool. Built
 from C with the host's compiler on first use and kept in a cache folder. oneDNN reads a weight at
 about half the memory's speed at one or two rows; ours streams each weight row once, in order.
-A decode's attention reads its context where it lies, without gathering it into a copy.
+Attention reads each query's context where it lies, without gathering it into a copy; a
+prompt's rows share every key and value they read, in tiles.
 
 Invariant: every output is reduced and rounded the same way whatever the row count, the call's
 other rows or queries, or the thread that runs it, so a row gets the same bits alone and in any
@@ -39,6 +40,7 @@ _FLAGS: Final = (
 _LIBS: Final = ("-lm",)
 _CPU_FLAGS: Final = ("avx512f", "avx512bw", "avx512_bf16")
 _MAX_HEAD_DIM: Final = 256  # MAX_CHUNKS in the source
+PROMPT_GROUP_MAX: Final = 48  # TILE_ROWS in the source: query heads per KV head
 
 
 def unavailable() -> str | None:
@@ -142,13 +144,13 @@ def _build(compiler: str) -> ctypes.CDLL:
     gemv = loaded.kvfence_gemv_bf16
     gemv.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
     gemv.restype = None
-    attention = loaded.kvfence_decode_attention
     pointer, integer = ctypes.c_void_p, ctypes.c_int
-    attention.argtypes = [
-        pointer, ctypes.c_long, pointer, pointer, pointer, integer, pointer, pointer,
-        integer, integer, integer, integer, integer, ctypes.c_float, integer,
-    ]  # fmt: skip
-    attention.restype = None
+    for attention in (loaded.kvfence_decode_attention, loaded.kvfence_prompt_attention):
+        attention.argtypes = [
+            pointer, ctypes.c_long, pointer, pointer, pointer, integer, pointer, pointer,
+            integer, integer, integer, integer, integer, ctypes.c_float, integer,
+        ]  # fmt: skip
+        attention.restype = None
     return loaded
 
 
@@ -178,7 +180,7 @@ def _own(path: Path) -> Path:
 
 def _check(lib: ctypes.CDLL) -> str | None:
     """The built kernels against float32 on odd shapes: products with a tail in K, an odd N and
-    1-9 rows; attention over scattered blocks with a part-filled last one."""
+    1-9 rows; both attentions over scattered blocks with a part-filled last one."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(37, 1000, generator=gen).to(torch.bfloat16)
     for m in (1, 2, 3, 5, 9):
@@ -188,19 +190,22 @@ def _check(lib: ctypes.CDLL) -> str | None:
         ref = x.float() @ w.float().T
         if not torch.allclose(y.float(), ref, rtol=1e-2, atol=1e-1):
             return f"the built kernel disagrees with float32 at {m} rows"
+    # 19 rows of one prompt (a table of scattered blocks, the last part-filled), then 2 others.
     bs, hq, hkv, d = 4, 6, 2, 32
     k, v = torch.randn(2, 8 * bs, hkv, d, generator=gen).to(torch.bfloat16)
-    q = torch.randn(2, hq, d, generator=gen).to(torch.bfloat16)
-    blocks = torch.tensor([[5, 2, 7], [1, 0, 3]], dtype=torch.int32)
-    ends = torch.tensor([11, 3], dtype=torch.int32)
-    out = torch.empty(2, hq * d, dtype=torch.bfloat16)
-    lib.kvfence_decode_attention(
-        q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), blocks.data_ptr(), 3,
-        ends.data_ptr(), out.data_ptr(), 2, hq, hkv, d, bs, d**-0.5, 1,
-    )  # fmt: skip
+    q = torch.randn(21, hq, d, generator=gen).to(torch.bfloat16)
+    blocks = torch.tensor([[5, 2, 7, 4, 6]] * 19 + [[1, 0, 3, 0, 0], [3, 1, 0, 0, 0]])
+    blocks = blocks.to(torch.int32)
+    ends = torch.tensor([*range(1, 20), 11, 3], dtype=torch.int32)
     ref = reference_attention(q, k, v, blocks, ends, bs)
-    if not torch.allclose(out.float(), ref, rtol=1e-2, atol=1e-2):
-        return "the built decode attention disagrees with float32"
+    for kernel in (lib.kvfence_decode_attention, lib.kvfence_prompt_attention):
+        out = torch.empty(21, hq * d, dtype=torch.bfloat16)
+        kernel(
+            q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), blocks.data_ptr(), 5,
+            ends.data_ptr(), out.data_ptr(), 21, hq, hkv, d, bs, d**-0.5, 2,
+        )  # fmt: skip
+        if not torch.allclose(out.float(), ref, rtol=1e-2, atol=1e-2):
+            return "the built attention disagrees with float32"
     return None
 
 

@@ -1,6 +1,7 @@
 """Our own kernels (backend.model.native) run a step's generated rows: attention read in place
 from the paged pool, and, where every projection of the model is ours too, whole decoder layers
-in one call (norms, projections, rotary, K/V writes, attention, SwiGLU, residuals).
+in one call (norms, projections, rotary, K/V writes, attention, SwiGLU, residuals). Prompt rows
+get attention read in place too (PromptAttention), each query over its own context.
 
 Invariant: what a generated row gets depends only on its own context: every op keeps rows apart
 in one fixed order, so a row gets the same bits alone, in any batch, beside any prompt rows and on
@@ -29,6 +30,7 @@ class DecodeAttention:
     [layers, blocks, block_size, Hkv, D] bfloat16."""
 
     __slots__ = ("_args", "_fn", "_k", "_v", "blocks", "ends", "longest", "slots")
+    _KERNEL = "kvfence_decode_attention"
 
     def __init__(
         self, blocks: torch.Tensor, ends: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
@@ -56,7 +58,7 @@ class DecodeAttention:
             or int(self.slots.max()) >= n_blocks * block_size
         ):
             raise ValueError("a context runs past its table, or a table or slot leaves the pool")
-        self._fn = lib.kvfence_decode_attention
+        self._fn = getattr(lib, self._KERNEL)
         self._k, self._v = k, v
         self._args = (b, heads, kv_heads, head_dim, block_size, n_blocks * block_size)
 
@@ -84,6 +86,23 @@ class DecodeAttention:
     def pool(self) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
         """The pool's K and V, and (block_size, slots per layer)."""
         return self._k, self._v, (self._args[4], self._args[5])
+
+
+class PromptAttention(DecodeAttention):
+    """One step's prompt rows, each query over its own context read in place, with
+    DecodeAttention's arguments; rows of one table at consecutive positions share each key and
+    value they read, yet a query's bits are the same in any chunk, batch or thread."""
+
+    __slots__ = ()
+    _KERNEL = "kvfence_prompt_attention"
+
+    def __init__(
+        self, blocks: torch.Tensor, ends: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+        v: torch.Tensor, heads: int,
+    ) -> None:  # fmt: skip
+        if heads > native.PROMPT_GROUP_MAX * k.shape[3]:
+            raise ValueError(f"{heads} heads over {k.shape[3]}: at most {native.PROMPT_GROUP_MAX}")
+        super().__init__(blocks, ends, slots, k, v, heads)
 
 
 class _Layer(ctypes.Structure):

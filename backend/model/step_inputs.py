@@ -7,7 +7,8 @@ after, so the projections run each kind apart whatever shares the step; a chunk 
 attends in query tiles of the plan's size, its own group (one per block under `own_spans`);
 sampled rows follow the order of `sampled`. Under the plan's `own_decodes` every generated token,
 a preempted sequence's computed again included, is a decode of that one group, and the group
-carries each query's context length for our kernel.
+carries each query's context length for our kernel; under `own_prompts` every prompt token is
+one more group after it, each row with its own table and context length.
 """
 
 from __future__ import annotations
@@ -75,9 +76,12 @@ def build_step_inputs(
     for batch in batches:
         built.append(_decode_group(batch, offset, block_size, device, plan.own_decodes))
         offset += len(batch)
-    for p in longer:
-        built.append(_tile_group(p, offset, block_size, group, plan.tile_tokens, device))
-        offset += p.end - p.start
+    if plan.own_prompts and longer:
+        built.append(_prompt_group(longer, offset, block_size, device))
+    else:
+        for p in longer:
+            built.append(_tile_group(p, offset, block_size, group, plan.tile_tokens, device))
+            offset += p.end - p.start
     order = [p for batch in batches for p in batch] + longer
     ids: list[int] = []
     rows: list[tuple[int, Chunk]] = []
@@ -117,6 +121,8 @@ def _arrange(
     """(batches of decodes, pieces attended in tiles), generated pieces ahead of prompt ones."""
     if plan.own_decodes:  # one group, each query over exactly its own context
         decodes = [_Piece(p.chunk, q, q + 1) for p in generated for q in range(p.start, p.end)]
+        if plan.own_prompts:  # the prompt pieces whole: our kernel tiles them itself
+            return ([decodes] if decodes else []), prompt
         return ([decodes] if decodes else []), _prompt_calls(prompt, block_size, plan)
     decodes = [p for p in generated if p.end - p.start == 1]
     longer = [p for p in generated if p.end - p.start > 1] + prompt
@@ -164,6 +170,25 @@ def _decode_group(
     blocks = torch.tensor(rows, device=device)
     mask = None if min(ends) == span else decode_mask(torch.tensor(ends, device=device), span)
     return AttnGroup(group, len(batch), 1, blocks, mask), slots
+
+
+def _prompt_group(
+    pieces: list[_Piece], offset: int, block_size: int, device: torch.device
+) -> tuple[AttnGroup, torch.Tensor]:
+    """Every prompt piece in one group for our kernel: each row its piece's table (padded with
+    block 0, never read) and its context's end, its own position plus one; and the slots written."""
+    n_blocks = max(-(-p.end // block_size) for p in pieces)
+    tables = [[*t, *([0] * (n_blocks - len(t)))]
+              for t in (p.chunk.block_table[:n_blocks] for p in pieces)]  # fmt: skip
+    lengths = torch.tensor([p.end - p.start for p in pieces], device=device)
+    which = torch.repeat_interleave(torch.arange(len(pieces), device=device), lengths)
+    blocks = torch.tensor(tables, device=device, dtype=torch.int32).index_select(0, which)
+    positions = torch.cat([torch.arange(p.start, p.end, device=device) for p in pieces])
+    slots = blocks.gather(1, (positions // block_size).unsqueeze(1)).squeeze(1).long()
+    slots = slots * block_size + positions % block_size
+    ends = (positions + 1).to(torch.int32)
+    rows = slice(offset, offset + positions.shape[0])
+    return AttnGroup(rows, positions.shape[0], 1, blocks, None, ends, prompts=True), slots
 
 
 def _tile_group(

@@ -92,3 +92,23 @@ def test_under_our_decode_kernel_every_generated_token_is_a_decode_over_its_own_
     assert inputs.slots[:4].tolist() == [22 * BS + 1, 31 * BS + 2, 31 * BS + 3, 32 * BS]
     assert all(g.ends is None for g in tiles)  # prompt tokens keep the probed tiles
     assert inputs.positions.tolist() == [9, 6, 7, 8, *range(6), *range(6)]
+
+
+def test_under_our_prompt_kernel_every_prompt_token_is_one_group_each_row_its_own_context() -> None:
+    chunks = [
+        chunk(1, 0, 6, prompt_len=6),  # a prompt
+        chunk(2, 9, 1, prompt_len=5),  # a decode
+        chunk(3, 3, 6, prompt_len=6),  # a prompt's second chunk, then 3 generated tokens
+    ]
+    plan = AttentionPlan(1, True, True, own_decodes=True, own_prompts=True)
+    inputs = build_step_inputs(chunks, BS, 2, plan, CPU)
+    decodes, prompts = inputs.groups
+    assert (decodes.rows.start, decodes.rows.stop) == (0, 4) and not decodes.prompts
+    assert (prompts.rows.start, prompts.rows.stop, prompts.batch) == (4, 13, 9)
+    assert prompts.prompts and prompts.mask is None and prompts.ends is not None
+    assert prompts.ends.tolist() == [*range(1, 7), 4, 5, 6]  # each row up to itself
+    assert prompts.blocks.dtype == torch.int32 and prompts.ends.dtype == torch.int32
+    assert prompts.blocks[:, :2].tolist() == [[10, 11]] * 6 + [[30, 31]] * 3
+    slots = [*range(10 * BS, 10 * BS + 6), 30 * BS + 3, 31 * BS, 31 * BS + 1]
+    assert inputs.slots[4:].tolist() == slots
+    assert inputs.positions.tolist() == [9, 6, 7, 8, *range(6), 3, 4, 5]
