@@ -23,6 +23,7 @@ from backend.model.activation import SwiGLU
 from backend.model.config import ModelConfig
 from backend.model.linear import Projection, RowPlanner
 from backend.model.native_decode import DecodeAttention, DecodeLayers
+from backend.model.native_rows import RowOps
 
 REFINE_K = 16
 
@@ -99,6 +100,8 @@ class Llama:
         self._swiglu = SwiGLU(config.ffn, self.dtype, self.device)
         self._cos, self._sin = _rope_tables(config, self.device)
         self._own = self._own_layers()
+        # With our layers for generated rows, prompt rows' norms, rotary and SwiGLU are ours too.
+        self._rows = None if self._own is None else RowOps(config, self._cos, self._sin)
 
     def _own_layers(self) -> DecodeLayers | None:
         """Whole layers for generated rows in our kernels, where every projection is ours."""
@@ -185,6 +188,9 @@ class Llama:
         """Every layer over rows x ([T, H] float32, updated in place) at `positions`; `after(i)`
         runs once layer i is done."""
         cfg, dt, t = self.config, self.dtype, x.shape[0]
+        if self._rows is not None:
+            self._own_row_layers(self._rows, x, positions, attend, generated, after)
+            return
         cos, sin = self.rope(positions)
         n_qk = cfg.n_heads + cfg.n_kv_heads
         half = cfg.head_dim // 2
@@ -199,6 +205,31 @@ class Llama:
             x.add_(p.o(attend(i, q, k, v), generated))  # x is this step's own tensor
             h = F.rms_norm(x, (cfg.hidden,), w.ffn_norm, cfg.rms_eps).to(dt)
             x.add_(p.down(self._swiglu(p.gate_up(h, generated)), generated))
+            if after is not None:
+                after(i)
+
+    def _own_row_layers(
+        self,
+        rows: RowOps,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        generated: int,
+        after: Callable[[int], None] | None,
+    ) -> None:
+        """`_layers` with the products in their kernels and every other op of a row in ours."""
+        cfg, t = self.config, x.shape[0]
+        ends = rows.ends(positions)  # checked once, not per layer
+        kv_at = cfg.q_size + cfg.kv_size
+        for i, (w, p) in enumerate(zip(self.layers, self._proj, strict=True)):
+            qkv = p.qkv(rows.rms_norm(x, w.attn_norm), generated).contiguous()
+            rows.rope_(qkv, ends)
+            q = qkv[:, : cfg.q_size].view(t, cfg.n_heads, cfg.head_dim)
+            k = qkv[:, cfg.q_size : kv_at].view(t, cfg.n_kv_heads, cfg.head_dim)
+            v = qkv[:, kv_at:].view(t, cfg.n_kv_heads, cfg.head_dim)
+            x.add_(p.o(attend(i, q, k, v), generated))
+            gate_up = p.gate_up(rows.rms_norm(x, w.ffn_norm), generated).contiguous()
+            x.add_(p.down(rows.swiglu(gate_up), generated))
             if after is not None:
                 after(i)
 

@@ -151,6 +151,11 @@ def _build(compiler: str) -> ctypes.CDLL:
             integer, integer, integer, integer, integer, ctypes.c_float, integer,
         ]  # fmt: skip
         attention.restype = None
+    loaded.kvfence_rms_norm.argtypes = [pointer] * 3 + [integer] * 2 + [ctypes.c_float, integer]
+    loaded.kvfence_rope.argtypes = [pointer] + [integer] * 4 + [pointer] * 3 + [integer]
+    loaded.kvfence_swiglu.argtypes = [pointer] * 2 + [integer] * 3
+    for fn in (loaded.kvfence_rms_norm, loaded.kvfence_rope, loaded.kvfence_swiglu):
+        fn.restype = None
     return loaded
 
 
@@ -180,7 +185,8 @@ def _own(path: Path) -> Path:
 
 def _check(lib: ctypes.CDLL) -> str | None:
     """The built kernels against float32 on odd shapes: products with a tail in K, an odd N and
-    1-9 rows; both attentions over scattered blocks with a part-filled last one."""
+    1-9 rows; both attentions over scattered blocks with a part-filled last one; SwiGLU (our
+    e^x) far into both tails."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(37, 1000, generator=gen).to(torch.bfloat16)
     for m in (1, 2, 3, 5, 9):
@@ -206,6 +212,12 @@ def _check(lib: ctypes.CDLL) -> str | None:
         )  # fmt: skip
         if not torch.allclose(out.float(), ref, rtol=1e-2, atol=1e-2):
             return "the built attention disagrees with float32"
+    gate_up = (torch.randn(3, 2 * 37, generator=gen) * 20).to(torch.bfloat16)  # a tail past 16s
+    act = torch.empty(3, 37, dtype=torch.bfloat16)
+    lib.kvfence_swiglu(gate_up.data_ptr(), act.data_ptr(), 3, 37, 2)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    if not torch.allclose(act.float(), torch.nn.functional.silu(gate) * up, rtol=1e-2, atol=1e-3):
+        return "the built SwiGLU disagrees with float32"
     return None
 
 

@@ -373,6 +373,19 @@ static inline float widen1(uint16_t b) {
   return f;
 }
 
+/* to_bf16 of 16 floats at once: the same integer steps, so the same bits. */
+static inline __m256i to_bf16x16(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  r = _mm512_srli_epi32(r, 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_mov_epi32(
+      r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+}
+
 /* h = bf16(x * (1 / sqrt(mean(x^2) + eps)) * w), row by row; squares summed 16 lanes at a
    time, then the tail in order. */
 static void rms_norm_rows(const float* x, const float* w, uint16_t* h, int M, int H, float eps) {
@@ -387,12 +400,19 @@ static void rms_norm_rows(const float* x, const float* w, uint16_t* h, int M, in
     float ss = lanes_sum(acc);
     for (int j = full; j < H; j++) ss += r[j] * r[j];
     const float inv = 1.0f / sqrtf(ss / (float)H + eps);
-    for (int j = 0; j < H; j++) h[(size_t)m * H + j] = to_bf16(r[j] * inv * w[j]);
+    const __m512 vi = _mm512_set1_ps(inv);
+    uint16_t* o = h + (size_t)m * H;
+    for (int j = 0; j < full; j += 16) {
+      const __m512 y = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(r + j), vi),
+                                     _mm512_loadu_ps(w + j));
+      _mm256_storeu_si256((__m256i*)(o + j), to_bf16x16(y));
+    }
+    for (int j = full; j < H; j++) o[j] = to_bf16(r[j] * inv * w[j]);
   }
 }
 
-/* Rotate-half on the q and k heads of each qkv row, in place: every value once, rounded once.
-   Row m is a decode at position ends[m] - 1 (the last of its context). */
+/* Rotate-half on the q and k heads of each qkv row, in place: every value once, rounded once,
+   as bf16(t[d] * cos[d] + t[d +- D/2] * sin[d]). Row m is at position ends[m] - 1. */
 static void rope_rows(uint16_t* qkv, int M, int stride, int heads, int D, const float* cos,
                       const float* sin, const int32_t* ends) {
   const int half = D / 2;
@@ -402,24 +422,68 @@ static void rope_rows(uint16_t* qkv, int M, int stride, int heads, int D, const 
     const float* s = sin + (size_t)(ends[m] - 1) * D;
     for (int hd = 0; hd < heads; hd++) {
       uint16_t* r = qkv + (size_t)m * stride + (size_t)hd * D;
+      if (half % 16 == 0) {  /* 16 at a time: the same products and sum per value */
+        for (int d = 0; d < half; d += 16) {
+          const __m512 lo = widen(r + d), hi = widen(r + half + d);
+          const __m512 a = _mm512_add_ps(_mm512_mul_ps(lo, _mm512_loadu_ps(c + d)),
+                                         _mm512_mul_ps(hi, _mm512_loadu_ps(s + d)));
+          const __m512 b = _mm512_add_ps(_mm512_mul_ps(hi, _mm512_loadu_ps(c + half + d)),
+                                         _mm512_mul_ps(lo, _mm512_loadu_ps(s + half + d)));
+          _mm256_storeu_si256((__m256i*)(r + d), to_bf16x16(a));
+          _mm256_storeu_si256((__m256i*)(r + half + d), to_bf16x16(b));
+        }
+        continue;
+      }
       for (int d = 0; d < D; d++) t[d] = widen1(r[d]);
       for (int d = 0; d < D; d++) r[d] = to_bf16(t[d] * c[d] + t[(d + half) % D] * s[d]);
     }
   }
 }
 
-/* a = bf16(silu(gate) * up) over [M, F] (gate, then up, in each row of gu), rounded once. */
+/* a = bf16(silu(gate) * up) over [M, F] (gate, then up, in each row of gu), rounded once:
+   g / (1 + e^-g) * u, 16 values at a time (a row's tail through a zero-padded copy), e^x by
+   exp16. Any split over threads gives each value the same operations. */
 static void swiglu_rows(const uint16_t* gu, uint16_t* a, int M, int F, int threads) {
+  const int per = (F + 15) / 16;
   #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int i = 0; i < M * F; i++) {
-    const int m = i / F, j = i % F;
-    const float g = widen1(gu[(size_t)m * 2 * F + j]), u = widen1(gu[(size_t)m * 2 * F + F + j]);
-    a[i] = to_bf16(g / (1.0f + expf(-g)) * u);
+  for (int task = 0; task < M * per; task++) {
+    const int m = task / per, j = (task % per) * 16, n = F - j < 16 ? F - j : 16;
+    const uint16_t* g = gu + (size_t)m * 2 * F + j;
+    uint16_t* o = a + (size_t)m * F + j;
+    uint16_t gp[16] = {0}, up[16] = {0}, out[16];
+    if (n < 16) {
+      memcpy(gp, g, sizeof(uint16_t) * (size_t)n);
+      memcpy(up, g + F, sizeof(uint16_t) * (size_t)n);
+    }
+    const __m512 gv = widen(n < 16 ? gp : g), uv = widen(n < 16 ? up : g + F);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+    const __m512 y = _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), uv);
+    _mm256_storeu_si256((__m256i*)(n < 16 ? out : o), to_bf16x16(y));
+    if (n < 16) memcpy(o, out, sizeof(uint16_t) * (size_t)n);
   }
 }
 
 static void add_rows(float* x, const uint16_t* y, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] += widen1(y[i]);
+}
+
+/* The same ops for a step's prompt rows, which torch's products feed: rows split over threads,
+   each row computed as above, so its bits are its own. */
+void kvfence_rms_norm(const float* x, const float* w, uint16_t* h, int M, int H, float eps,
+                      int threads) {
+  #pragma omp parallel for schedule(static) num_threads(threads)
+  for (int m = 0; m < M; m++) rms_norm_rows(x + (size_t)m * H, w, h + (size_t)m * H, 1, H, eps);
+}
+
+void kvfence_rope(uint16_t* qkv, int M, int stride, int heads, int D, const float* cos,
+                  const float* sin, const int32_t* ends, int threads) {
+  #pragma omp parallel for schedule(static) num_threads(threads)
+  for (int m = 0; m < M; m++)
+    rope_rows(qkv + (size_t)m * stride, 1, stride, heads, D, cos, sin, ends + m);
+}
+
+void kvfence_swiglu(const uint16_t* gu, uint16_t* a, int M, int F, int threads) {
+  swiglu_rows(gu, a, M, F, threads);
 }
 
 /* Layers [first, last) of the generated rows x ([M, H] float32, updated in place), row m a
