@@ -243,6 +243,32 @@ static inline __attribute__((always_inline)) void prompt_weighted(
   }
 }
 
+/* prompt_weighted for D = 16 * C with NR * C <= 16: every accumulator held at once, so each
+   weight is loaded once per position and each value once per row group; the same sums. */
+static inline __attribute__((always_inline)) void prompt_weighted_held(
+    const float* S, int stride, int r0, const float* vf, int e, const float* total,
+    uint16_t* const* o, const int NR, const int C) {
+  __m512 acc[4][4];
+  for (int i = 0; i < NR; i++)
+    for (int c = 0; c < C; c++) acc[i][c] = _mm512_setzero_ps();
+  for (int l = 0; l < e; l++) {
+    __m512 p[4];
+    for (int i = 0; i < NR; i++) p[i] = _mm512_set1_ps(S[(size_t)l * stride + r0 + i]);
+    for (int c = 0; c < C; c++) {
+      const __m512 vv = _mm512_loadu_ps(vf + (size_t)l * C * 16 + 16 * c);
+      for (int i = 0; i < NR; i++) acc[i][c] = _mm512_fmadd_ps(p[i], vv, acc[i][c]);
+    }
+  }
+  for (int i = 0; i < NR; i++) {
+    const __m512 t = _mm512_set1_ps(total[r0 + i]);
+    for (int c = 0; c < C; c++) {
+      float f[16];
+      _mm512_storeu_ps(f, _mm512_div_ps(acc[i][c], t));
+      for (int j = 0; j < 16; j++) o[i][16 * c + j] = to_bf16(f[j]);
+    }
+  }
+}
+
 /* One tile: tokens b0 .. b0+n-1 (one table, consecutive ends) with the G query heads of KV
    head h, scratch from the caller. Query row r is token r / G, head h * G + r % G. */
 static void prompt_tile(const uint16_t* q, long q_stride, const uint16_t* k, const uint16_t* v,
@@ -299,6 +325,15 @@ static void prompt_tile(const uint16_t* q, long q_stride, const uint16_t* k, con
       for (int i = 0; i < nr; i++)
         o[i] = out + (size_t)(b0 + t) * Hq * D + (size_t)(h * G + g + i) * D;
       const int r0 = t * G + g;
+      if (D == 64) {  /* four rows of 64: 16 accumulators */
+        switch (nr) {
+          case 4: prompt_weighted_held(S, stride, r0, vf, e, total, o, 4, 4); break;
+          case 3: prompt_weighted_held(S, stride, r0, vf, e, total, o, 3, 4); break;
+          case 2: prompt_weighted_held(S, stride, r0, vf, e, total, o, 2, 4); break;
+          default: prompt_weighted_held(S, stride, r0, vf, e, total, o, 1, 4); break;
+        }
+        continue;
+      }
       switch (nr) {
         case 4: prompt_weighted(S, stride, r0, vf, D, e, total, o, 4); break;
         case 3: prompt_weighted(S, stride, r0, vf, D, e, total, o, 3); break;
