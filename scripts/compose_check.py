@@ -504,6 +504,32 @@ def audit_records(args: argparse.Namespace) -> int:
     return 0
 
 
+def backend_kernels(log: Path) -> int:
+    """The backend container's start-up record names the kernels it runs, and the image gave it
+    what our own need (a compiler, a library it may load): where they are not used, it is for
+    the host's CPU alone."""
+    ready = []
+    for line in log.read_text(errors="replace").splitlines():
+        start = line.find("{")
+        try:
+            record = json.loads(line[start:]) if start >= 0 else None
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("msg") == "backend ready to serve":
+            ready.append(record)
+    _expect(bool(ready), f"the backend's log has its `backend ready to serve` record ({log})")
+    kernels = str(ready[-1].get("kernels", ""))
+    why = re.search(r"our kernel for generated rows: not used \((.*?)\);", kernels)
+    host = ("this CPU", "not built for")  # reasons of the host's CPU, not of the image
+    _expect(
+        why is None or why.group(1).startswith(host),
+        "our kernels, where this CPU runs them: "
+        + (f"not used ({why.group(1)})" if why else "used"),
+    )
+    print(f"    backend kernels: {kernels}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="compose_check.py")
     sub = parser.add_subparsers(dest="action", required=True)
@@ -524,6 +550,8 @@ def main(argv: list[str]) -> int:
     audit = sub.add_parser("audit", help="check `audit verify` outputs against the answers")
     audit.add_argument("--answered", required=True)
     audit.add_argument("logs", nargs="+")
+    kernels = sub.add_parser("kernels", help="the backend's start-up record names its kernels")
+    kernels.add_argument("log", type=Path, help="the backend container's log")
     args = parser.parse_args(argv)
     try:
         if args.action == "header":
@@ -535,6 +563,8 @@ def main(argv: list[str]) -> int:
         if args.action == "standin":
             write_standin(args.image, args.dest)
             return 0
+        if args.action == "kernels":
+            return backend_kernels(args.log)
         return probe(args) if args.action == "probe" else audit_records(args)
     except (CheckFailed, OSError, subprocess.SubprocessError) as exc:
         print(f"FAILED: {exc}", file=sys.stderr)

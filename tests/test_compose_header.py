@@ -533,3 +533,35 @@ def test_the_postgres_stand_in_takes_what_the_fleet_file_gives_it(tmp_path: Path
     assert "scram-sha-256" in entrypoint
     with pytest.raises(CHECK.CheckFailed):
         CHECK.write_standin("mysql:8", tmp_path)
+
+
+_UNUSED = "qkv: ...; our kernel for generated rows: not used ({}); swiglu rows: any"
+
+
+@pytest.mark.parametrize(
+    ("kernels", "passes"),
+    [
+        ("qkv: ..., our kernel; generated rows: whole layers in our kernels", True),
+        (_UNUSED.format("this CPU (or its cap) lacks avx512_bf16"), True),
+        (_UNUSED.format("no C compiler (gcc or cc) on PATH"), False),
+        (_UNUSED.format("build failed: /tmp/x.so: failed to map segment from shared"), False),
+    ],
+)
+def test_the_check_fails_a_backend_image_that_cannot_run_our_kernels(
+    tmp_path: Path, kernels: str, passes: bool
+) -> None:
+    record = {"level": "info", "msg": "backend ready to serve", "kernels": kernels}
+    log = tmp_path / "backend.log"
+    log.write_text(f"backend-1  | starting\nbackend-1  | {json.dumps(record)}\n")
+    if passes:
+        assert CHECK.backend_kernels(log) == 0
+    else:
+        with pytest.raises(CHECK.CheckFailed, match="not used"):
+            CHECK.backend_kernels(log)
+
+
+def test_the_check_fails_a_backend_log_without_its_start_up_record(tmp_path: Path) -> None:
+    log = tmp_path / "backend.log"
+    log.write_text("backend-1  | starting\n")
+    with pytest.raises(CHECK.CheckFailed, match="ready to serve"):
+        CHECK.backend_kernels(log)

@@ -15,29 +15,20 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
 import platform
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
 import torch
 
-from backend.model.native_c import SOURCE
+from backend.model import native_build
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]  # x: [M, K] -> [M, N]
 
 OFF_ENV: Final = "KVFENCE_NATIVE_KERNELS"  # "0": never build or use it
-# No contraction of a * b + c into one rounding behind our back: the source says where it fuses.
-_FLAGS: Final = (
-    "-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp", "-shared",
-    "-fPIC",
-)  # fmt: skip
-_LIBS: Final = ("-lm",)
 _CPU_FLAGS: Final = ("avx512f", "avx512bw", "avx512_bf16")
 _MAX_HEAD_DIM: Final = 256  # MAX_CHUNKS in the source
 PROMPT_GROUP_MAX: Final = 48  # TILE_ROWS in the source: query heads per KV head
@@ -96,11 +87,11 @@ def _loaded() -> tuple[ctypes.CDLL | None, str | None]:
     missing = [f for f in _CPU_FLAGS if f not in _cpu_flags()]
     if missing or torch.backends.cpu.get_cpu_capability() != "AVX512":
         return None, "this CPU (or its cap) lacks " + (", ".join(missing) or "AVX-512 in torch")
-    compiler = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
+    compiler = native_build.compiler()
     if compiler is None:
         return None, "no C compiler (gcc or cc) on PATH"
     try:
-        lib = _build(compiler)
+        lib = _open(native_build.library(compiler))
     except (OSError, subprocess.SubprocessError) as exc:
         return None, f"build failed: {str(exc).splitlines()[0][:200]}"
     problem = _check(lib)
@@ -116,29 +107,8 @@ def _cpu_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
-def _build(compiler: str) -> ctypes.CDLL:
-    """Compile once per source, compiler and flags into the cache folder (written under a
-    temporary name, then renamed: processes starting together never load half a file)."""
-    # The compiler is the one this process's own PATH (or CC) names: no input from a request.
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)  # noqa: S603
-    key = hashlib.sha256("\0".join([SOURCE, version.stdout, *_FLAGS]).encode()).hexdigest()[:16]
-    folder = _cache_folder()
-    lib = folder / f"kvfence-gemv-{key}.so"
-    if not lib.exists():
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so")
-        os.close(fd)
-        src = Path(tmp).with_suffix(".c")
-        try:
-            src.write_text(SOURCE)
-            cmd = [compiler, *_FLAGS, str(src), "-o", tmp, *_LIBS]
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # noqa: S603
-            if done.returncode:
-                raise OSError(done.stderr.strip() or f"{compiler} exited {done.returncode}")
-            os.replace(tmp, lib)
-        finally:
-            src.unlink(missing_ok=True)
-            Path(tmp).unlink(missing_ok=True)
-    _own(lib)
+def _open(lib: Path) -> ctypes.CDLL:
+    """The built library, loaded, each function given its argument types."""
     # torch is loaded first: the library's OpenMP is torch's own (one pool of threads).
     loaded = ctypes.CDLL(str(lib))
     gemv = loaded.kvfence_gemv_bf16
@@ -157,30 +127,6 @@ def _build(compiler: str) -> ctypes.CDLL:
     for fn in (loaded.kvfence_rms_norm, loaded.kvfence_rope, loaded.kvfence_swiglu):
         fn.restype = None
     return loaded
-
-
-def _cache_folder() -> Path:
-    """The user's cache folder, else one of its own under the temporary folder: either only if
-    this user owns it and no one else may write there (a library loaded from it runs as us)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    folder = Path(base) / "kvfence" / "native"
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if os.access(folder, os.W_OK):
-            return _own(folder)
-    except OSError:
-        pass
-    folder = Path(tempfile.gettempdir()) / f"kvfence-native-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    return _own(folder)
-
-
-def _own(path: Path) -> Path:
-    """`path` if this user owns it and neither its group nor others may write to it."""
-    st = path.lstat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o022 or path.is_symlink():
-        raise OSError(f"{path} is not this user's alone: not used")
-    return path
 
 
 def _check(lib: ctypes.CDLL) -> str | None:

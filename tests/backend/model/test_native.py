@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backend.model import native
+from backend.model import native, native_build
 from backend.model.linear import Projection, RowPlanner
 from backend.model.row_plan import GENERATED_MAX
 
@@ -120,6 +120,37 @@ def test_a_cache_folder_others_may_write_to_is_never_loaded_from(tmp_path: Path)
     planted.write_bytes(b"not a library")
     shared.chmod(0o777)  # anyone could have put a library there
     with pytest.raises(OSError, match="not this user's alone"):
-        native._own(shared)
+        native_build._owned(shared)
     assert _unavailable({"XDG_CACHE_HOME": str(tmp_path)}) == "None"  # built elsewhere, its own
     assert sorted(p.name for p in shared.iterdir()) == [planted.name]
+
+
+@needs_kernel
+def test_a_prebuilt_library_is_loaded_where_the_cache_folder_holds_none(tmp_path: Path) -> None:
+    """As in the backend image: built ahead of time, then found there by a process whose own
+    cache folder is empty (a container's writable folders may not hold code that runs)."""
+    prebuilt = tmp_path / "prebuilt"
+    done = subprocess.run(
+        [sys.executable, "-m", "backend.model.native_build", str(prebuilt)], capture_output=True,
+        text=True, cwd=REPO, timeout=120, check=True,
+    )  # fmt: skip
+    [lib] = prebuilt.iterdir()
+    assert done.stdout.strip() == str(lib) and lib.suffix == ".so"
+    cache = tmp_path / "cache"
+    env = {native_build.PREBUILT_ENV: str(prebuilt), "XDG_CACHE_HOME": str(cache)}
+    assert _unavailable(env) == "None"
+    assert not (cache / "kvfence" / "native").exists() or not any(
+        (cache / "kvfence" / "native").iterdir()
+    )
+
+
+@needs_kernel
+def test_a_prebuilt_folder_others_may_write_to_is_never_loaded_from(tmp_path: Path) -> None:
+    prebuilt = tmp_path / "prebuilt"
+    subprocess.run(
+        [sys.executable, "-m", "backend.model.native_build", str(prebuilt)], capture_output=True,
+        cwd=REPO, timeout=120, check=True,
+    )  # fmt: skip
+    prebuilt.chmod(0o777)  # anyone could have swapped the library
+    env = {native_build.PREBUILT_ENV: str(prebuilt), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    assert "not this user's alone" in _unavailable(env)
