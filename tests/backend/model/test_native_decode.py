@@ -16,18 +16,12 @@ import torch
 from backend.engine.plan import Chunk, SamplingParams, StepPlan
 from backend.model import LoadedModel, native
 from backend.model.native_decode import DecodeAttention
-from backend.model.weights import build_llama
 from backend.runner import ModelRunner
-from tests.kit.models import TINY, tiny_tensors
+from tests.backend.model.conftest import needs_our_kernels
 
-pytestmark = pytest.mark.skipif(
-    native.unavailable() is not None,
-    reason=f"our kernels are not used here: {native.unavailable()}",
-)
+pytestmark = needs_our_kernels
 
 BS = 4
-# TINY's shape with heads our attention takes (a multiple of 16 wide).
-WIDE = replace(TINY, hidden=64, head_dim=32, ffn=96)
 LOGPROBS = SamplingParams(max_tokens=64, temperature=0.0, logprobs=3)
 
 
@@ -93,12 +87,6 @@ def test_a_table_or_slot_outside_the_pool_is_refused(
     k, v = _pool(8)
     with pytest.raises(ValueError, match="pool"):
         DecodeAttention(torch.tensor([table]), torch.tensor(ends), torch.tensor([slot]), k, v, 6)
-
-
-@pytest.fixture(scope="module")
-def wide() -> LoadedModel:
-    model = build_llama(WIDE, tiny_tensors(3, WIDE), torch.device("cpu"), torch.bfloat16)
-    return LoadedModel(model, WIDE, None, torch.device("cpu"), torch.bfloat16, "wide")  # type: ignore[arg-type]
 
 
 PROMPTS = [[3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46], [2, 71, 82, 81], [7, 7, 7, 9, 1]]

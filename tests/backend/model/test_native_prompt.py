@@ -17,17 +17,12 @@ from backend.engine.plan import Chunk, SamplingParams, StepPlan, StepResult
 from backend.model import LoadedModel, native
 from backend.model.attention_plan import plan_attention
 from backend.model.native_decode import PromptAttention
-from backend.model.weights import build_llama
 from backend.runner import ModelRunner
-from tests.kit.models import TINY, tiny_tensors
+from tests.backend.model.conftest import WIDE, needs_our_kernels
 
-pytestmark = pytest.mark.skipif(
-    native.unavailable() is not None,
-    reason=f"our kernels are not used here: {native.unavailable()}",
-)
+pytestmark = needs_our_kernels
 
 BS = 4
-WIDE = replace(TINY, hidden=64, head_dim=32, ffn=96)
 LOGPROBS = SamplingParams(max_tokens=64, temperature=0.0, logprobs=3)
 
 
@@ -105,12 +100,6 @@ def test_a_bfloat16_host_plans_our_kernels_for_every_query() -> None:
     assert plan.own_decodes and plan.own_prompts
     assert "our kernels for decodes and prompts" in plan.describe()
     assert not plan_attention(WIDE, BS, torch.float32, torch.device("cpu")).own_prompts
-
-
-@pytest.fixture(scope="module")
-def wide() -> LoadedModel:
-    model = build_llama(WIDE, tiny_tensors(3, WIDE), torch.device("cpu"), torch.bfloat16)
-    return LoadedModel(model, WIDE, None, torch.device("cpu"), torch.bfloat16, "wide")  # type: ignore[arg-type]
 
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28, 84, 19]
