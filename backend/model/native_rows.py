@@ -39,8 +39,11 @@ class RowOps:
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x: [T, H] float32, contiguous; weight: [H] float32 -> [T, H] bfloat16."""
         t, hidden = x.shape
-        if not x.is_contiguous() or x.dtype != torch.float32 or weight.shape != (hidden,):
-            raise ValueError(f"rows {tuple(x.shape)} {x.dtype} and a {tuple(weight.shape)} norm")
+        dense = x.is_contiguous() and weight.is_contiguous() and weight.shape == (hidden,)
+        if not dense or x.dtype != torch.float32 or weight.dtype != torch.float32:
+            raise ValueError(
+                f"rows {tuple(x.shape)} {x.dtype} and a {tuple(weight.shape)} {weight.dtype} norm"
+            )
         h = torch.empty(t, hidden, dtype=torch.bfloat16)
         if t:
             self._norm(

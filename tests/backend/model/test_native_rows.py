@@ -94,3 +94,12 @@ def test_a_position_past_the_rotary_table_is_refused(ops: RowOps) -> None:
         ops.ends(torch.tensor([3, CFG.max_positions]))
     with pytest.raises(ValueError, match="rotary table"):
         ops.ends(torch.tensor([-1]))
+
+
+def test_rows_or_a_norm_of_another_shape_or_dtype_are_refused(ops: RowOps) -> None:
+    x, w = torch.ones(3, CFG.hidden), torch.ones(CFG.hidden)
+    for rows, weight in [(x, w.double()), (x, w[:-1]), (x.t().contiguous().t(), w), (x.half(), w)]:
+        with pytest.raises(ValueError, match="norm"):
+            ops.rms_norm(rows, weight)
+    with pytest.raises(ValueError, match="bfloat16"):
+        ops.rope_(torch.ones(3, CFG.q_size + 2 * CFG.kv_size), ops.ends(torch.arange(3)))
