@@ -71,18 +71,19 @@ def build_step_inputs(
 ) -> StepInputs:
     generated, prompt = _pieces(chunks)
     batches, longer = _arrange(generated, prompt, block_size, plan)
+    order = [p for batch in batches for p in batch] + longer
+    positions = torch.tensor([q for p in order for q in range(p.start, p.end)], device=device)
     built: list[tuple[AttnGroup, torch.Tensor]] = []
     offset = 0
     for batch in batches:
         built.append(_decode_group(batch, offset, block_size, device, plan.own_decodes))
         offset += len(batch)
     if plan.own_prompts and longer:
-        built.append(_prompt_group(longer, offset, block_size, device))
+        built.append(_prompt_group(longer, positions[offset:], offset, block_size, device))
     else:
         for p in longer:
             built.append(_tile_group(p, offset, block_size, group, plan.tile_tokens, device))
             offset += p.end - p.start
-    order = [p for batch in batches for p in batch] + longer
     ids: list[int] = []
     rows: list[tuple[int, Chunk]] = []
     for p in order:
@@ -92,7 +93,7 @@ def build_step_inputs(
             rows.append((len(ids) - 1, c))
     return StepInputs(
         input_ids=torch.tensor(ids, device=device),
-        positions=torch.tensor([q for p in order for q in range(p.start, p.end)], device=device),
+        positions=positions,
         slots=torch.cat([slots for _, slots in built]),
         groups=[g for g, _ in built],
         logits_index=torch.tensor([r for r, _ in rows], device=device, dtype=torch.long),
@@ -154,9 +155,7 @@ def _decode_group(
     ends = [p.end for p in batch]
     n_blocks = -(-max(ends) // block_size)
     span = n_blocks * block_size
-    # Short tables are padded with block 0: those positions are masked out (or never read).
-    tables = [p.chunk.block_table[:n_blocks] for p in batch]
-    rows = [[*t, *([0] * (n_blocks - len(t)))] for t in tables]
+    rows = _tables(batch, n_blocks)
     slots = torch.tensor(
         [row[p.start // block_size] * block_size + p.start % block_size
          for row, p in zip(rows, batch, strict=True)],
@@ -172,18 +171,24 @@ def _decode_group(
     return AttnGroup(group, len(batch), 1, blocks, mask), slots
 
 
+def _tables(pieces: list[_Piece], n_blocks: int) -> list[list[int]]:
+    """Each piece's first n_blocks blocks; a short table padded with block 0, whose positions
+    are masked out (or never read)."""
+    tables = [p.chunk.block_table[:n_blocks] for p in pieces]
+    return [[*t, *([0] * (n_blocks - len(t)))] for t in tables]
+
+
 def _prompt_group(
-    pieces: list[_Piece], offset: int, block_size: int, device: torch.device
-) -> tuple[AttnGroup, torch.Tensor]:
-    """Every prompt piece in one group for our kernel: each row its piece's table (padded with
-    block 0, never read) and its context's end, its own position plus one; and the slots written."""
+    pieces: list[_Piece], positions: torch.Tensor, offset: int, block_size: int,
+    device: torch.device,
+) -> tuple[AttnGroup, torch.Tensor]:  # fmt: skip
+    """Every prompt piece in one group for our kernel (`positions`: its rows'): each row its
+    piece's table and its context's end, its own position plus one; and the slots written."""
     n_blocks = max(-(-p.end // block_size) for p in pieces)
-    tables = [[*t, *([0] * (n_blocks - len(t)))]
-              for t in (p.chunk.block_table[:n_blocks] for p in pieces)]  # fmt: skip
     lengths = torch.tensor([p.end - p.start for p in pieces], device=device)
     which = torch.repeat_interleave(torch.arange(len(pieces), device=device), lengths)
-    blocks = torch.tensor(tables, device=device, dtype=torch.int32).index_select(0, which)
-    positions = torch.cat([torch.arange(p.start, p.end, device=device) for p in pieces])
+    tables = torch.tensor(_tables(pieces, n_blocks), device=device, dtype=torch.int32)
+    blocks = tables.index_select(0, which)
     slots = blocks.gather(1, (positions // block_size).unsqueeze(1)).squeeze(1).long()
     slots = slots * block_size + positions % block_size
     ends = (positions + 1).to(torch.int32)
