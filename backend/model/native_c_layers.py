@@ -36,19 +36,6 @@ static inline float widen1(uint16_t b) {
   return f;
 }
 
-/* to_bf16 of 16 floats at once: the same integer steps, so the same bits. */
-static inline __m256i to_bf16x16(__m512 f) {
-  const __m512i u = _mm512_castps_si512(f);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-  r = _mm512_srli_epi32(r, 16);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-      _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  r = _mm512_mask_mov_epi32(
-      r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-  return _mm512_cvtepi32_epi16(r);
-}
-
 /* h = bf16(x * (1 / sqrt(mean(x^2) + eps)) * w), row by row; squares summed 16 lanes at a
    time, then the tail in order. */
 static void rms_norm_rows(const float* x, const float* w, uint16_t* h, int M, int H, float eps) {

@@ -1,6 +1,6 @@
-"""The C source of prompt attention (part of backend.model.native_c's library): e^x by a
-polynomial of our own, and attention of a step's prompt rows read in place from the paged KV
-pool, in tiles of rows that share each key and value.
+"""The C source of prompt attention (part of backend.model.native_c's library): attention of a
+step's prompt rows read in place from the paged KV pool, in tiles of rows that share each key
+and value.
 
 Invariant: a query's scores, softmax and weighted sum are the same operations whatever tile,
 chunk or thread it lands in: its bits never depend on what else the call attends.
@@ -11,30 +11,6 @@ from __future__ import annotations
 from typing import Final
 
 PROMPT: Final = r"""
-/* e^x for 16 floats by one fixed sequence of operations (range reduction to r = x - n ln 2,
-   a degree-7 polynomial, then scaling by 2^n: Cephes' expf method, to about 1 ulp), never a
-   library call whose implementation another host could change: the same bits from every build.
-   Inputs below -87.3 (e^-inf included) give exactly 0. */
-static inline __m512 exp16(__m512 x) {
-  const __m512 low = _mm512_set1_ps(-87.33654f);
-  const __mmask16 zero = _mm512_cmp_ps_mask(x, low, _CMP_LT_OQ);
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.37626f)), low);
-  const __m512 n = _mm512_roundscale_ps(
-      _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                    _mm512_set1_ps(0.5f)),
-      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_maskz_scalef_ps((__mmask16)~zero, p, n);
-}
-
 #define TILE_ROWS 48  /* query rows (tokens x the heads of one KV head) a task attends */
 
 /* Scores of NV vectors of 16 query rows (QT: [NV][D/2][16] bfloat16 pairs) against keys

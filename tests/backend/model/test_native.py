@@ -88,6 +88,15 @@ def _unavailable(env: dict[str, str]) -> str:
     return done.stdout.strip()
 
 
+def test_a_host_that_can_run_our_kernels_uses_them() -> None:
+    """The kernels' tests skip where the kernels are not used, so not being used must be for a
+    reason outside them: switched off, this platform or CPU, no compiler. A kernel that fails
+    its own check against float32, or a build that fails, fails here instead of skipping."""
+    why = native.unavailable()
+    outside = (f"{native.OFF_ENV}=0", "not built for ", "this CPU ", "no C compiler")
+    assert why is None or why.startswith(outside), why
+
+
 def test_switched_off_it_is_not_used_and_says_so() -> None:
     assert _unavailable({native.OFF_ENV: "0"}) == f"{native.OFF_ENV}=0"
 

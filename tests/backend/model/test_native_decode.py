@@ -51,6 +51,36 @@ def test_decode_attention_agrees_with_float32() -> None:
     torch.testing.assert_close(own(0, q).float(), ref, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "d"),
+    [(9, 3, 64), (9, 1, 64), (7, 1, 32), (6, 2, 128), (4, 2, 256), (16, 1, 16)],
+)
+def test_every_head_grouping_and_width_agrees_with_float32(
+    heads: int, kv_heads: int, d: int
+) -> None:
+    """The query heads of a KV head are attended in groups (up to four, fewer for wide heads):
+    SmolLM2's 9 over 3, groups with a remainder, widths of 16 to 256."""
+    k, v = _pool(24, kv_heads=kv_heads, d=d, seed=d)
+    tables, ends = _tables(4, 6, 24), torch.tensor([1, 17, 24, 9])
+    q = _queries(4, heads=heads, d=d, seed=heads)
+    own = DecodeAttention(tables, ends, torch.zeros(4, dtype=torch.long), k, v, heads=heads)
+    ref = native.reference_attention(q, k[0].flatten(0, 1), v[0].flatten(0, 1), tables, ends, BS)
+    torch.testing.assert_close(own(0, q).float(), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_a_query_gets_the_same_bits_in_any_group_of_heads() -> None:
+    """Nine query heads over one KV head go in groups of 4, 4 and 1; each head alone (one query
+    head over that KV head) gets the same bits as in its group."""
+    k, v = _pool(24, kv_heads=1, d=64)
+    tables, ends = _tables(3, 6, 24), torch.tensor([5, 24, 13])
+    q = _queries(3, heads=9, d=64)
+    slots = torch.zeros(3, dtype=torch.long)
+    together = DecodeAttention(tables, ends, slots, k, v, heads=9)(0, q).view(3, 9, 64)
+    for head in range(9):
+        alone = DecodeAttention(tables, ends, slots, k, v, heads=1)(0, q[:, head : head + 1])
+        assert torch.equal(alone.view(3, 64), together[:, head]), head
+
+
 def test_a_query_gets_the_same_bits_alone_in_any_batch_and_on_any_thread_count() -> None:
     k, v = _pool(40)
     b = 9
