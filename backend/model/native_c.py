@@ -1,6 +1,7 @@
 """The C source of our own CPU kernels (built by backend.model.native_build): bfloat16 dot
-products for generated rows and decode attention read in place from the paged KV pool, here;
-prompt attention (native_c_prompt) and whole decoder layers (native_c_layers) after them.
+products for generated rows and e^x by a polynomial of our own, here; decode attention
+(native_c_decode), prompt attention (native_c_prompt) and whole decoder layers (native_c_layers)
+after them.
 
 Invariant: every output is computed by one thread in one fixed order, whatever the call's other
 rows or queries: a row or a query gets the same bits alone and in any batch.
