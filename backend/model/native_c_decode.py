@@ -13,6 +13,8 @@ from typing import Final
 DECODE: Final = r"""
 #define MAX_CHUNKS 16  /* head_dim <= 256, a multiple of 16 */
 #define MAX_HEADS 4    /* query heads of one KV head attended together */
+#define KV_AHEAD 16    /* positions ahead a key or value is asked for: the pool's blocks lie
+                          anywhere, so the core's prefetcher loses the stream at each one */
 
 /* The heads in a group: as many as keep their weighted sums' accumulators (heads x D / 16)
    within 16 vectors, 1 to MAX_HEADS. */
@@ -29,22 +31,28 @@ static inline int decode_heads(int D) {
    bfloat16. s: scratch of NH rows of at least len + 16 floats, `stride` apart. */
 static inline __attribute__((always_inline)) void decode_group(
     const uint16_t* qr, const uint16_t* k, const uint16_t* v, const int32_t* table, int len,
-    int h, int Hkv, int bs, float scale, float* s, int stride, uint16_t* o, const int NH,
-    const int C) {
-  const int D = 16 * C;
+    int h, int Hkv, int bs, float scale, float* s, int stride, size_t* at, uint16_t* o,
+    const int NH, const int C) {
+  const int D = 16 * C, lines = D / 32;  /* 64-byte lines per key or value */
+  for (int l = 0, blk = 0; l < len; blk++)  /* where each position's key and value lie */
+    for (int off = 0; off < bs && l < len; off++, l++)
+      at[l] = (((size_t)table[blk] * bs + off) * Hkv + h) * D;
   __m512 qv[MAX_HEADS][MAX_CHUNKS], part[MAX_HEADS][16];
   for (int i = 0; i < NH; i++)
     for (int c = 0; c < C; c++) qv[i][c] = widen(qr + (size_t)i * D + 16 * c);
   __m512 top[MAX_HEADS];
   for (int i = 0; i < NH; i++) top[i] = _mm512_set1_ps(-INFINITY);
   const __m512 sc = _mm512_set1_ps(scale);
-  int blk = 0, off = 0;
-  size_t base = len > 0 ? (size_t)table[0] * bs : 0;
   for (int l0 = 0; l0 < len; l0 += 16) {
     const int n = len - l0 < 16 ? len - l0 : 16;
     for (int j = 0; j < n; j++) {
-      const uint16_t* kr = k + ((base + off) * Hkv + h) * D;
-      if (++off == bs && l0 + j + 1 < len) { off = 0; base = (size_t)table[++blk] * bs; }
+      const int l = l0 + j;
+      const uint16_t* kr = k + at[l];
+      for (int c = 0; c < lines; c++) {  /* the value into L2 for the weighted sum, */
+        _mm_prefetch((const char*)(v + at[l]) + 64 * c, _MM_HINT_T1);
+        if (l + KV_AHEAD < len)  /* a later key into L1 */
+          _mm_prefetch((const char*)(k + at[l + KV_AHEAD]) + 64 * c, _MM_HINT_T0);
+      }
       __m512 dot[MAX_HEADS];
       for (int i = 0; i < NH; i++) dot[i] = _mm512_setzero_ps();
       for (int c = 0; c < C; c++) {
@@ -75,10 +83,11 @@ static inline __attribute__((always_inline)) void decode_group(
   __m512 acc[MAX_HEADS][MAX_CHUNKS];
   for (int i = 0; i < NH; i++)
     for (int c = 0; c < C; c++) acc[i][c] = _mm512_setzero_ps();
-  blk = 0; off = 0; base = len > 0 ? (size_t)table[0] * bs : 0;
   for (int l = 0; l < len; l++) {
-    const uint16_t* vr = v + ((base + off) * Hkv + h) * D;
-    if (++off == bs && l + 1 < len) { off = 0; base = (size_t)table[++blk] * bs; }
+    const uint16_t* vr = v + at[l];
+    if (l + KV_AHEAD < len)
+      for (int c = 0; c < lines; c++)
+        _mm_prefetch((const char*)(v + at[l + KV_AHEAD]) + 64 * c, _MM_HINT_T0);
     __m512 p[MAX_HEADS];
     for (int i = 0; i < NH; i++) p[i] = _mm512_set1_ps(s[(size_t)i * stride + l]);
     for (int c = 0; c < C; c++) {
@@ -101,7 +110,8 @@ static inline __attribute__((always_inline)) void decode_group(
    group of its query heads, which share every key and value read; decode_group's operations
    per query, so a query's bits never depend on the call's other queries, its group, its
    padding or the thread that runs it. */
-#define GROUP(NH, C) decode_group(qr, k, v, table, len, h, Hkv, bs, scale, s, stride, o, NH, C)
+#define GROUP(NH, C) \
+  decode_group(qr, k, v, table, len, h, Hkv, bs, scale, s, stride, at, o, NH, C)
 
 void kvfence_decode_attention(const uint16_t* q, long q_stride, const uint16_t* k,
                               const uint16_t* v, const int32_t* blocks, int nb,
@@ -116,6 +126,7 @@ void kvfence_decode_attention(const uint16_t* q, long q_stride, const uint16_t* 
   #pragma omp parallel num_threads(threads)
   {
     float* s = (float*)malloc(sizeof(float) * (size_t)MAX_HEADS * stride);
+    size_t* at = (size_t*)malloc(sizeof(size_t) * (size_t)longest);
     #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < B * Hkv * groups; task++) {
       const int b = task / (Hkv * groups), h = task / groups % Hkv, g0 = task % groups * per;
@@ -140,6 +151,7 @@ void kvfence_decode_attention(const uint16_t* q, long q_stride, const uint16_t* 
       }
     }
     free(s);
+    free(at);
   }
 }
 """
