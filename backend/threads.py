@@ -12,6 +12,14 @@ engine has threads (by more than `over` of a core) the count halves; once it lea
 twice the count (within `under`), `calm_periods` periods in a row, the count doubles again, up
 to `most`. This process's own threads (its event loop) never count against it.
 
+While the engine rests it looks at the host once a period (`resting`, from the engine thread's
+wait), and before the first step after a rest (`resume`) it fits the count to the last of those
+looks alone: all `most` threads if the host just left room for them, fewer if it did not. What
+the host did earlier in the rest (another server's turn, say) says nothing of the cores the
+next steps will find; what it did in the last period does. A short request after a rest (a
+lone prompt is often one step) so runs on the threads the host has now, not on the count an
+earlier burst of other work left.
+
 Invariant: the count stays within [1, most] and changes only between steps, on the engine
 thread (`apply`); it is only ever built for a model whose kernels give the same bits at every
 count it can choose (`backend.thread_probe`), so a change never changes an answer.
@@ -93,11 +101,47 @@ class ThreadGovernor:
         self._last = read()
         self._due = clock() + period_s
         self._rested = False
+        self._rest_mark = self._last  # while resting: the last look at the host
+        self._rest_others: float | None = None  # other work over the rest's last period
+
+    @property
+    def period_s(self) -> float:
+        return self._period_s
 
     def idle(self) -> None:
-        """The engine ran out of work: what the host does until it has some again (other
-        servers' turns, say) says nothing of the cores its next steps will find."""
-        self._rested = True
+        """The engine ran out of work (called again while it rests: a no-op)."""
+        if not self._rested:
+            self._rested = True
+            self._rest_mark, self._rest_others = self._read(), None
+
+    def resting(self) -> None:
+        """About once a period while the engine rests: the host's other work since the last
+        look (a look sooner than half a period after it is skipped)."""
+        if not self._rested:
+            return
+        now = self._read()
+        span = now.wall - self._rest_mark.wall
+        if span < self._period_s / 2:
+            return
+        busy = now.host_busy - self._rest_mark.host_busy
+        self._rest_others = max(0.0, busy - (now.ours - self._rest_mark.ours)) / span
+        self._rest_mark = now
+
+    def resume(self) -> None:
+        """Before the first step after a rest: the count the host's last period of the rest
+        leaves room for (no change when the rest was shorter than a period)."""
+        if not self._rested or self._rest_others is None:
+            return
+        others, self._rest_others = self._rest_others, None
+        free = self.cores - others
+        if self.threads < self.most and self.most <= free + self._under:
+            self._set(self.most, others)
+            return
+        threads = self.threads
+        while threads > 1 and threads > free + self._over:
+            threads //= 2
+        if threads != self.threads:
+            self._set(threads, others)
 
     def after_step(self) -> None:
         if self._rested:  # the first step after a rest starts a new period

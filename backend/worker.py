@@ -168,6 +168,8 @@ class EngineWorker:
                 if not self._drain(engine, block, seq_of, stream_of):
                     return
                 if engine.has_work():
+                    if self.governor is not None:
+                        self.governor.resume()
                     outputs = engine.step()
                     if self.governor is not None:
                         self.governor.after_step()
@@ -184,11 +186,17 @@ class EngineWorker:
     def _drain(
         self, engine: Engine, block: bool, seq_of: dict[int, int], stream_of: dict[int, int]
     ) -> bool:
+        # While resting, the governor looks at the host once a period (no governor: no ticks).
+        tick = self.governor.period_s if self.governor is not None else None
         while True:
             try:
-                command = self._commands.get(block=block)
+                command = self._commands.get(block=block, timeout=tick if block else None)
             except queue.Empty:
-                return True
+                if not block:
+                    return True
+                if self.governor is not None:
+                    self.governor.resting()
+                continue
             block = False
             if command is None:
                 return False

@@ -125,6 +125,57 @@ def test_what_the_host_did_while_the_engine_rested_does_not_count() -> None:
     assert (gov.threads, applied) == (2, [])
 
 
+def test_a_calm_last_look_in_a_rest_brings_every_thread_back_before_the_next_step() -> None:
+    """A burst of other work halved the count; the host is calm while the engine rests, so the
+    next request (a lone prompt is often a single step) runs on every thread from its start."""
+    host, applied = Host(), []
+    gov = governor(host, applied=applied)
+    host.period(others=1.5, ours=1.0)
+    gov.after_step()
+    assert gov.threads == 1
+    gov.idle()
+    host.period(others=0.05, ours=0.0)
+    gov.resting()
+    gov.resume()
+    assert (gov.threads, applied) == (2, [1, 2])
+
+
+def test_a_busy_last_look_in_a_rest_halves_before_the_next_step() -> None:
+    host, applied = Host(), []
+    gov = governor(host, most=4, cores=4, applied=applied)
+    gov.idle()
+    host.period(others=3.5, ours=0.0)  # another process took three and a half of four cores
+    gov.resting()
+    gov.resume()
+    assert (gov.threads, applied) == (1, [1])
+
+
+def test_only_the_last_look_in_a_rest_counts() -> None:
+    """Another server's turn early in the rest says nothing of the cores the next steps find."""
+    host, applied = Host(), []
+    gov = governor(host, applied=applied)
+    gov.idle()
+    host.period(others=2.0, ours=0.0, seconds=5.0)
+    gov.resting()
+    host.period(others=0.0, ours=0.0)
+    gov.idle()  # called again while resting: the rest goes on
+    gov.resting()
+    gov.resume()
+    assert (gov.threads, applied) == (2, [])
+
+
+def test_a_rest_shorter_than_half_a_period_changes_nothing() -> None:
+    host, applied = Host(), []
+    gov = governor(host, applied=applied)
+    gov.idle()
+    host.period(others=2.0, ours=0.0, seconds=0.2)
+    gov.resting()  # too soon to judge
+    gov.resume()
+    host.period(others=0.0, ours=2.0)
+    gov.after_step()
+    assert (gov.threads, applied) == (2, [])
+
+
 def test_steps_within_a_period_read_nothing() -> None:
     host, reads = Host(), []
 
