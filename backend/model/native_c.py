@@ -183,11 +183,12 @@ void kvfence_gemv_bf16(const uint16_t* x, const uint16_t* w, uint16_t* y, int M,
 /* e^x for 16 floats by one fixed sequence of operations (range reduction to r = x - n ln 2,
    a degree-7 polynomial, then scaling by 2^n: Cephes' expf method, to about 1 ulp), never a
    library call whose implementation another host could change: the same bits from every build.
-   Inputs below -87.3 (e^-inf included) give exactly 0. */
+   Inputs below -87.3 (e^-inf included) give exactly 0; NaN gives NaN (min and max keep their
+   second operand when either is NaN, so x goes second). */
 static inline __m512 exp16(__m512 x) {
   const __m512 low = _mm512_set1_ps(-87.33654f);
   const __mmask16 zero = _mm512_cmp_ps_mask(x, low, _CMP_LT_OQ);
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.37626f)), low);
+  x = _mm512_max_ps(low, _mm512_min_ps(_mm512_set1_ps(88.37626f), x));
   const __m512 n = _mm512_roundscale_ps(
       _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                     _mm512_set1_ps(0.5f)),

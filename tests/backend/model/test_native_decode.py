@@ -68,6 +68,18 @@ def test_every_head_grouping_and_width_agrees_with_float32(
     torch.testing.assert_close(own(0, q).float(), ref, rtol=1e-2, atol=1e-2)
 
 
+def test_a_nan_in_a_key_is_not_hidden() -> None:
+    """A NaN score makes its query's result NaN, as in float32; other rows keep their values."""
+    k, v = _pool(24)
+    tables, ends = _tables(2, 6, 24), torch.tensor([9, 9])
+    k[0, tables[0, 0], 1, 0, 0] = float("nan")  # row 0's position 1, KV head 0
+    q = _queries(2)
+    out = DecodeAttention(tables, ends, torch.zeros(2, dtype=torch.long), k, v, heads=6)(0, q)
+    heads = out.view(2, 6, 32)
+    assert heads[0, :3].isnan().all()  # the three query heads of KV head 0
+    assert not heads[0, 3:].isnan().any() and not heads[1].isnan().any()
+
+
 def test_a_query_gets_the_same_bits_in_any_group_of_heads() -> None:
     """Nine query heads over one KV head go in groups of 4, 4 and 1; each head alone (one query
     head over that KV head) gets the same bits as in its group."""
