@@ -66,7 +66,7 @@ class EngineWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.governor: ThreadGovernor | None = None  # consulted after every step
+        self.governor: ThreadGovernor | None = None  # after every step, and while resting
         self.start_threads = 0  # the kernels' thread count at start-up (0: not a CPU count)
 
     @classmethod
