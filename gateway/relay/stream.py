@@ -36,23 +36,15 @@ class ClientStalled(Exception):
     """The client read nothing for `limits.write_timeout_s` while its stream was waiting."""
 
 
-async def _send(resp: web.StreamResponse, data: bytes, watch: Watch, deadline_s: float) -> None:
-    if not data:  # an empty write could end the chunked body early
+async def _send(
+    resp: web.StreamResponse, data: bytes, watch: Watch, deadline_s: float, last: bool = False
+) -> None:
+    """`data` to the client within the deadline; `last`: with the body's end, in one write."""
+    if not data and not last:  # an empty write could end the chunked body early
         return
     try:
         with watch.within(deadline_s):
-            await resp.write(data)
-    except TimeoutError:
-        raise ClientStalled from None
-
-
-async def _send_last(
-    resp: web.StreamResponse, data: bytes, watch: Watch, deadline_s: float
-) -> None:
-    """The stream's last bytes and the body's end in one write (one syscall, not two)."""
-    try:
-        with watch.within(deadline_s):
-            await resp.write_eof(data)
+            await (resp.write_eof(data) if last else resp.write(data))
     except TimeoutError:
         raise ClientStalled from None
 
@@ -87,7 +79,7 @@ async def relay_stream(
                 raise _cut_error(exc) from None
             if not chunk:
                 break
-        await _send_last(resp, await exchange.end(), watch, write_s)
+        await _send(resp, await exchange.end(), watch, write_s, last=True)
     except GatewayError as error:  # cut short, withheld, its record or receipt lost: no `[DONE]`
         await _end_with_error(resp, await exchange.fail(error))
         return resp
@@ -116,5 +108,4 @@ async def _end_with_error(resp: web.StreamResponse, error: GatewayError) -> None
     (keep-alive), and no client takes the truncated answer for a complete one."""
     with contextlib.suppress(ConnectionResetError):
         async with asyncio.timeout(5):
-            await resp.write(error_event(error))
-            await resp.write_eof()
+            await resp.write_eof(error_event(error))
