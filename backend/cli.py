@@ -79,6 +79,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="on a GPU, run steps of decodes alone as every other step, not as CUDA graphs",
+    )
+    parser.add_argument(
         "--fixed-threads",
         action="store_true",
         help="keep --threads whatever the host's load (default: fewer while other work takes "
@@ -144,7 +149,13 @@ def build(args: argparse.Namespace) -> web.Application:
         if args.threads:
             torch.set_num_threads(args.threads)
         loaded = load_model(args.model, device=args.device, dtype=args.dtype)
-        runner = ModelRunner(loaded, num_blocks=args.kv_blocks, block_size=args.block_size)
+        runner = ModelRunner(
+            loaded,
+            num_blocks=args.kv_blocks,
+            block_size=args.block_size,
+            max_batch=args.max_num_seqs,
+            graphs=False if args.no_cuda_graphs else None,
+        )
         threads = torch.get_num_threads()
         return Engine(runner, config), (loaded, runner, threads, governed(runner, threads))
 

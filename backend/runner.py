@@ -1,8 +1,10 @@
 """Executes step plans on the loaded model over the paged KV pool: one forward pass per step
-for every chunk, prefill and decode together.
+for every chunk, prefill and decode together; steps of decodes alone from static buffers (CUDA
+graphs on a GPU, backend.model.decode_graphs).
 
 Invariant: the KV pool is written only at the slots of a plan's chunks, after the plan's
-zero_blocks have been zeroed; every tensor lives on `runner.device`.
+zero_blocks have been zeroed, and at the scratch block past the engine's blocks (padding rows);
+every tensor lives on `runner.device`. A step's tokens are read back to the host once.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from backend.engine.plan import Chunk, StepPlan, StepResult, TokenLogprobs
+from backend.model.decode_graphs import DecodeGraphs, decodes_alone
 from backend.model.kv_pool import KVPool
 from backend.model.load import LoadedModel
 from backend.model.logprobs import token_logprobs
@@ -22,16 +25,32 @@ from backend.model.step_inputs import build_step_inputs, validate_chunk
 class ModelRunner:
     """Implements backend.engine.plan.Runner."""
 
-    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int = 16) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError("num_blocks and block_size must be positive")
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_blocks: int,
+        block_size: int = 16,
+        max_batch: int = 256,
+        graphs: bool | None = None,
+    ) -> None:
+        """`graphs`: steps of decodes alone (up to `max_batch`) from static buffers, captured as
+        CUDA graphs on a GPU; None (the default): on a GPU whose decode attention is ours."""
+        if num_blocks < 1 or block_size < 1 or max_batch < 1:
+            raise ValueError("num_blocks, block_size and max_batch must be positive")
         self.loaded = loaded
         self.model = loaded.model
         self.device = loaded.device
         self.dtype = loaded.dtype
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.pool = KVPool(loaded.config, num_blocks, block_size, self.device, self.dtype)
+        wanted = self.device.type == "cuda" if graphs is None else graphs
+        # With static buffers the pool has one block more, the padding rows' scratch.
+        blocks = num_blocks + 1 if wanted else num_blocks
+        self.pool = KVPool(loaded.config, blocks, block_size, self.device, self.dtype)
+        self.graphs: DecodeGraphs | None = None
+        if wanted and (graphs or self.pool.plan.own_decodes):
+            capture = self.device.type == "cuda"
+            self.graphs = DecodeGraphs(self.model, self.pool, num_blocks, max_batch, capture)
         self._generator = torch.Generator(device=self.device)
         self._generator.seed()
 
@@ -46,7 +65,11 @@ class ModelRunner:
 
     def kernel_plans(self) -> str:
         """How this host's kernels are fed so that a row never depends on its batch-mates."""
-        return f"{self.model.row_plans()}; {self.pool.plan.describe()}"
+        plans = f"{self.model.row_plans()}; {self.pool.plan.describe()}"
+        if self.graphs is None:
+            return plans
+        how = "CUDA graphs" if self.graphs.captured else "static buffers"
+        return f"{plans}; steps of decodes alone: {how} of {len(self.graphs.sizes)} sizes"
 
     def kv_cache_bytes(self) -> int:
         """Bytes held by the KV pool (K and V, all layers)."""
@@ -68,6 +91,9 @@ class ModelRunner:
             self.zero_blocks(plan.zero_blocks)
             if not plan.chunks:
                 return StepResult({})
+            graphs = self.graphs
+            if graphs is not None and graphs.holds(len(plan.chunks)) and decodes_alone(plan.chunks):
+                return self._sample(graphs.logits(plan.chunks), plan.chunks)
             inputs = build_step_inputs(
                 plan.chunks,
                 self.block_size,
@@ -85,17 +111,19 @@ class ModelRunner:
             )
             if not inputs.sampled:
                 return StepResult({})
-            tokens = sample(
-                logits,
-                [c.sampling for c in inputs.sampled],
-                [c.num_generated for c in inputs.sampled],
-                self._generator,
-            )
-            seq_ids = [c.seq_id for c in inputs.sampled]
-            return StepResult(
-                dict(zip(seq_ids, tokens, strict=True)),
-                _logprobs(logits, inputs.sampled, tokens),
-            )
+            return self._sample(logits, inputs.sampled)
+
+    def _sample(self, logits: torch.Tensor, sampled: Sequence[Chunk]) -> StepResult:
+        """logits: [N, V] fp32, row i for sampled[i] -> their tokens (one read back) and the
+        logprobs asked for."""
+        tokens = sample(
+            logits,
+            [c.sampling for c in sampled],
+            [c.num_generated for c in sampled],
+            self._generator,
+        )
+        chosen = dict(zip([c.seq_id for c in sampled], tokens, strict=True))
+        return StepResult(chosen, _logprobs(logits, sampled, tokens))
 
 
 def _logprobs(

@@ -13,6 +13,7 @@ import torch
 from backend.engine.engine import Engine, EngineConfig
 from backend.engine.plan import Chunk, SamplingParams, StepPlan, StepResult
 from backend.model import LoadedModel
+from backend.model.decode_graphs import SIZES
 from backend.runner import ModelRunner
 from kvfence.capability import _mint
 
@@ -44,9 +45,9 @@ class RecordingRunner(ModelRunner):
 
 
 def make_engine(
-    loaded: LoadedModel, blocks: int, step_tokens: int
+    loaded: LoadedModel, blocks: int, step_tokens: int, graphs: bool = False
 ) -> tuple[Engine, RecordingRunner]:
-    runner = RecordingRunner(loaded, num_blocks=blocks, block_size=16)
+    runner = RecordingRunner(loaded, num_blocks=blocks, block_size=16, graphs=graphs)
     runner.plans = []
     config = EngineConfig(num_blocks=blocks, block_size=16, max_step_tokens=step_tokens)
     return Engine(runner, config), runner
@@ -91,6 +92,20 @@ def test_batched_with_staggered_arrivals_gives_the_bits_alone(
     # Steps held more rows than a decode batch, prompts beside decodes, prompts cut differently.
     assert max(sum(len(c.token_ids) for c in p.chunks) for p in plans) > 32
     assert any({len(c.token_ids) for c in p.chunks} - {1} and len(p.chunks) > 2 for p in plans)
+    assert together == alone
+
+
+@pytest.mark.slow
+def test_decode_steps_from_static_buffers_give_the_bits_alone(
+    smollm2: LoadedModel, prompts: list[list[int]], alone: list[Answer]
+) -> None:
+    """As a GPU runs decode steps (CUDA graphs of padded sizes; here the same buffers, eager)."""
+    if not ModelRunner(smollm2, num_blocks=4, block_size=16, graphs=False).pool.plan.own_decodes:
+        pytest.skip("decodes are not read in place on this host: no static buffers")
+    engine, runner = make_engine(smollm2, blocks=128, step_tokens=64, graphs=True)
+    together = run(engine, prompts, [i // 3 for i in range(len(prompts))])
+    sizes = {len(p.chunks) for p in runner.plans if all(len(c.token_ids) == 1 for c in p.chunks)}
+    assert sizes - set(SIZES)  # decode steps padded to a larger size, with padding rows
     assert together == alone
 
 

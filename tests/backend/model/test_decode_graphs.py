@@ -1,0 +1,138 @@
+"""Steps of decodes alone from static buffers (captured as CUDA graphs on a GPU; here the same
+buffers run eagerly): every step's tokens, logprobs and pool are those of the usual path, padding
+rows write only the scratch block, and any other step takes the usual path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.engine.plan import Chunk, SamplingParams, StepPlan, StepResult
+from backend.model import LoadedModel
+from backend.model.decode_graphs import DecodeGraphs, decodes_alone
+from backend.model.weights import build_llama
+from backend.runner import ModelRunner
+from tests.backend.model.conftest import WIDE, needs_our_kernels
+from tests.kit.models import tiny_tensors
+
+BS = 4
+BLOCKS = 40
+GREEDY = SamplingParams(max_tokens=64, temperature=0.0, logprobs=3)
+PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 4, 8, 1, 6, 2, 9, 9, 3, 5, 7], [2, 6, 1]]
+# Tables out of order and interleaved, as a pool in use hands them out.
+TABLES = [(7, 3, 30, 12, 21), (1, 25, 9, 14, 2), (33, 0, 18, 5, 27)]
+
+
+@pytest.fixture(scope="module")
+def torch_layers() -> LoadedModel:
+    """`wide` run as on a GPU: torch's layers (rotary by position), our decode attention."""
+    model = build_llama(WIDE, tiny_tensors(3, WIDE), torch.device("cpu"), torch.bfloat16)
+    model._own, model._rows = None, None
+    return LoadedModel(model, WIDE, None, torch.device("cpu"), torch.bfloat16, "wide")  # type: ignore[arg-type]
+
+
+def _prefill(seq: int) -> Chunk:
+    ids = PROMPTS[seq]
+    return Chunk(seq, tuple(ids), 0, TABLES[seq], True, GREEDY, 0, len(ids))
+
+
+def _decode(seq: int, token: int, done: int) -> Chunk:
+    start = len(PROMPTS[seq]) + done - 1
+    return Chunk(seq, (token,), start, TABLES[seq], True, GREEDY, done, len(PROMPTS[seq]))
+
+
+def _run(runner: ModelRunner, steps: int, drop_after: int) -> tuple[list[StepResult], int]:
+    """Prefills every prompt, then decodes them together (the last sequence stops after
+    `drop_after` steps) -> each step's result, and how many steps the static buffers ran."""
+    ran = 0
+    if runner.graphs is not None:
+        graphs, logits = runner.graphs, runner.graphs.logits
+
+        def counted(chunks: list[Chunk]) -> torch.Tensor:
+            nonlocal ran
+            ran += 1
+            return logits(chunks)
+
+        graphs.logits = counted  # type: ignore[method-assign]
+    first = runner.execute(StepPlan(tuple(_prefill(s) for s in range(3))))
+    results, last = [first], dict(first.tokens)
+    for done in range(1, steps + 1):
+        seqs = range(3) if done <= drop_after else range(2)
+        result = runner.execute(StepPlan(tuple(_decode(s, last[s], done) for s in seqs)))
+        results.append(result)
+        last.update(result.tokens)
+    return results, ran
+
+
+@needs_our_kernels
+@pytest.mark.parametrize("layers", ["ours", "torch"])
+def test_decode_steps_from_static_buffers_answer_as_the_usual_path(
+    layers: str, wide: LoadedModel, torch_layers: LoadedModel
+) -> None:
+    loaded = wide if layers == "ours" else torch_layers
+    usual = ModelRunner(loaded, num_blocks=BLOCKS, block_size=BS, graphs=False)
+    static = ModelRunner(loaded, num_blocks=BLOCKS, block_size=BS, graphs=True)
+    assert usual.graphs is None and static.graphs is not None
+    assert "steps of decodes alone: static buffers" in static.kernel_plans()
+    theirs, _ = _run(usual, steps=9, drop_after=5)
+    ours, ran = _run(static, steps=9, drop_after=5)
+    assert ran == 9  # every decode step: 3 rows (a padding row in a size of 4), then 2
+    assert ours == theirs  # tokens and logprobs, bit for bit
+    for mine, other in ((static.pool.k, usual.pool.k), (static.pool.v, usual.pool.v)):
+        assert torch.equal(mine[:, :BLOCKS], other)
+
+
+@needs_our_kernels
+def test_padding_rows_write_the_scratch_block_only(wide: LoadedModel) -> None:
+    runner = ModelRunner(wide, num_blocks=BLOCKS, block_size=BS, graphs=True)
+    assert runner.pool.k.shape[1] == BLOCKS + 1  # the scratch block, past the engine's
+    _run(runner, steps=4, drop_after=4)
+    # positions 0 .. len(prompt) + 3 of each sequence: the blocks its table names for them
+    used = {b for p, t in zip(PROMPTS, TABLES, strict=True) for b in t[: -(-(len(p) + 4) // BS)]}
+    for b in range(BLOCKS):
+        written = bool(runner.pool.k[:, b].any()) or bool(runner.pool.v[:, b].any())
+        assert written == (b in used), b
+    assert runner.pool.k[:, BLOCKS].any()  # 3 rows ran as 4: the fourth wrote here
+
+
+@needs_our_kernels
+def test_a_step_larger_than_the_largest_size_takes_the_usual_path(wide: LoadedModel) -> None:
+    usual = ModelRunner(wide, num_blocks=BLOCKS, block_size=BS, graphs=False)
+    static = ModelRunner(wide, num_blocks=BLOCKS, block_size=BS, max_batch=2, graphs=True)
+    assert static.graphs is not None and static.graphs.sizes == (1, 2)
+    theirs, _ = _run(usual, steps=4, drop_after=2)
+    ours, ran = _run(static, steps=4, drop_after=2)
+    assert ran == 2  # the steps of 2 rows; those of 3 ran the usual way
+    assert ours == theirs
+
+
+def test_only_steps_of_plain_decodes_qualify() -> None:
+    assert decodes_alone([_decode(0, 1, 1), _decode(1, 2, 3)])
+    assert not decodes_alone([])
+    assert not decodes_alone([_prefill(0)])
+    assert not decodes_alone([_decode(0, 1, 1), _prefill(1)])
+    prompt_tail = Chunk(0, (3,), 5, TABLES[0], True, GREEDY, 0, 6)  # a prompt's last token
+    assert not decodes_alone([prompt_tail])
+    unsampled = Chunk(0, (3,), 6, TABLES[0], False, GREEDY, 1, 6)
+    assert not decodes_alone([unsampled])
+    recomputed = Chunk(0, (3, 4), 6, TABLES[0], True, GREEDY, 2, 6)
+    assert not decodes_alone([recomputed])
+
+
+def test_static_buffers_need_decodes_read_in_place(tiny_model: LoadedModel) -> None:
+    # float32 and a head of 8: attention gathers its context, which no buffer can hold fixed
+    with pytest.raises(ValueError, match="read in place"):
+        ModelRunner(tiny_model, num_blocks=8, block_size=4, graphs=True)
+    runner = ModelRunner(tiny_model, num_blocks=8, block_size=4)  # the default on a CPU: off
+    assert runner.graphs is None and runner.pool.k.shape[1] == 8
+
+
+@needs_our_kernels
+def test_sizes_and_what_a_graph_needs(wide: LoadedModel) -> None:
+    runner = ModelRunner(wide, num_blocks=BLOCKS, block_size=BS, max_batch=20, graphs=True)
+    assert runner.graphs is not None
+    assert runner.graphs.sizes == (1, 2, 4, 8, 12, 16, 20)
+    with pytest.raises(ValueError, match="CUDA"):
+        DecodeGraphs(wide.model, runner.pool, BLOCKS, 4, capture=True)
+    with pytest.raises(ValueError, match="scratch"):
+        DecodeGraphs(wide.model, runner.pool, BLOCKS + 1, 4, capture=False)
