@@ -10,7 +10,8 @@ decodes do not keep them even so, `invariant` is False and the start-up log says
 `own_decodes`, every generated token (decodes, and a preempted sequence's tokens computed again)
 is attended as a decode by our own kernel (backend.model.native), which keeps a query's bits at
 any batch and span by construction; with `own_prompts` so are prompt queries, by our prompt
-kernel (any chunk, batch or thread), else they keep the kernel probed here.
+kernel (any chunk, batch or thread), else they keep the kernel probed here. On CUDA, where
+Triton runs, generated tokens go to our decode kernel (backend.model.paged_gpu) the same way.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from backend.model import native
+from backend.model import native, paged_gpu
 from backend.model.attend import attend, block_pieces, decode_mask, tile_mask
 from backend.model.config import ModelConfig
 
@@ -75,6 +76,8 @@ def plan_attention(
     if native.attends(config.head_dim, dtype, device):
         prompts = config.group <= native.PROMPT_GROUP_MAX
         return replace(best, own_decodes=True, own_prompts=prompts)
+    if device.type == "cuda" and paged_gpu.available(device, dtype, config.head_dim) is None:
+        return replace(best, own_decodes=True)  # our Triton kernel; prompts stay probed
     return best
 
 

@@ -16,6 +16,9 @@ from backend.model.attend import attend
 from backend.model.attention_plan import AttentionPlan, plan_attention
 from backend.model.config import ModelConfig
 from backend.model.native_decode import DecodeAttention, PromptAttention
+from backend.model.paged_gpu import PagedDecodeAttention
+
+OwnAttention = DecodeAttention | PagedDecodeAttention  # our kernels, reading the pool in place
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,17 +88,13 @@ class PagedAttention:
         self.n_kv = cfg.n_kv_heads
         self.d = cfg.head_dim
         self._ids = [g.blocks.view(-1) for g in groups]  # once per step, not per layer
-        # Queries our kernels attend, read in place: tables and slots checked once per step.
-        self._own: list[DecodeAttention | None] = [
-            None if g.ends is None
-            else (PromptAttention if g.prompts else DecodeAttention)(
-                g.blocks, g.ends, self.slots[g.rows], pool.k, pool.v, cfg.n_heads
-            )
-            for g in groups
-        ]  # fmt: skip
-        # Generated tokens our kernel attends (always the first group).
+        # Queries our kernels attend, read in place: tables and slots checked once per step
+        # (on the CPU; on CUDA by the runner, before they reach the device).
+        self._own: list[OwnAttention | None] = [_own(pool, g, self.slots[g.rows]) for g in groups]
+        # Generated tokens our CPU kernel attends (always the first group), which the model's
+        # own layers (backend.model.native_decode) run themselves.
         first = self._own[0] if groups and not groups[0].prompts else None
-        self.decodes: DecodeAttention | None = first
+        self.decodes = first if isinstance(first, DecodeAttention) else None
         # The rest, numbered from the first row after the decodes (see `prompt`).
         skip = self.decodes.rows if self.decodes is not None else 0
         rest = groups[1:] if skip else groups
@@ -127,7 +126,7 @@ class PagedAttention:
         q: torch.Tensor,
         groups: list[AttnGroup],
         ids: list[torch.Tensor],
-        own: list[DecodeAttention | None],
+        own: list[OwnAttention | None],
     ) -> torch.Tensor:
         k_cache, v_cache = self.pool.k_cache[layer], self.pool.v_cache[layer]
         if len(groups) == 1:
@@ -157,3 +156,14 @@ class PagedAttention:
         vg = v_cache.index_select(0, ids).view(ctx, -1, hkv, d).transpose(1, 2)
         rows = self.pool.plan.row_multiple
         return attend(q.view(q.shape[0], hkv, -1, d), kg, vg, g.batch, g.span, g.mask, rows)
+
+
+def _own(pool: KVPool, g: AttnGroup, slots: torch.Tensor) -> OwnAttention | None:
+    """The kernel of a group our kernels attend (`ends` set), or None for torch's attention."""
+    if g.ends is None:
+        return None
+    heads = pool.config.n_heads
+    if pool.k.device.type == "cuda":
+        return PagedDecodeAttention(g.blocks, g.ends, pool.k, pool.v, heads)
+    kind = PromptAttention if g.prompts else DecodeAttention
+    return kind(g.blocks, g.ends, slots, pool.k, pool.v, heads)

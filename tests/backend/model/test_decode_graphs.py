@@ -1,8 +1,16 @@
 """Steps of decodes alone from static buffers (captured as CUDA graphs on a GPU; here the same
 buffers run eagerly): every step's tokens, logprobs and pool are those of the usual path, padding
-rows write only the scratch block, and any other step takes the usual path."""
+rows write only the scratch block, and any other step takes the usual path. A model set up as on
+a GPU (torch's layers, decodes through our Triton kernel, run by Triton's interpreter in a child
+process) gives the same bits with and without the buffers, and torch's attention's answers."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +21,7 @@ from backend.model.decode_graphs import DecodeGraphs, decodes_alone
 from backend.model.weights import build_llama
 from backend.runner import ModelRunner
 from tests.backend.model.conftest import WIDE, needs_our_kernels
-from tests.kit.models import tiny_tensors
+from tests.kit.models import TINY, tiny_tensors
 
 BS = 4
 BLOCKS = 40
@@ -136,3 +144,57 @@ def test_sizes_and_what_a_graph_needs(wide: LoadedModel) -> None:
         DecodeGraphs(wide.model, runner.pool, BLOCKS, 4, capture=True)
     with pytest.raises(ValueError, match="scratch"):
         DecodeGraphs(wide.model, runner.pool, BLOCKS + 1, 4, capture=False)
+
+
+def _as_on_a_gpu(triton: bool, graphs: bool) -> list[StepResult]:
+    """The tiny float32 model's steps with decodes through the Triton kernel (as on CUDA) or
+    through torch's attention; run where TRITON_INTERPRET=1 was set before triton loaded."""
+    from backend.model import kv_pool
+    from backend.model.paged_gpu import PagedDecodeAttention
+
+    loaded = LoadedModel(
+        build_llama(TINY, tiny_tensors(), torch.device("cpu"), torch.float32),
+        TINY, None, torch.device("cpu"), torch.float32, "tiny",  # type: ignore[arg-type]
+    )  # fmt: skip
+    plan, own = kv_pool.plan_attention, kv_pool._own
+    if triton:  # what kv_pool does on CUDA
+        kv_pool.plan_attention = lambda *a: replace(plan(*a), own_decodes=True)  # type: ignore[assignment]
+        kv_pool._own = lambda pool, g, slots: (  # type: ignore[assignment]
+            own(pool, g, slots)
+            if g.ends is None
+            else PagedDecodeAttention(g.blocks, g.ends, pool.k, pool.v, pool.config.n_heads)
+        )
+    try:
+        runner = ModelRunner(loaded, num_blocks=BLOCKS, block_size=BS, graphs=graphs)
+        return _run(runner, steps=7, drop_after=4)[0]
+    finally:
+        kv_pool.plan_attention, kv_pool._own = plan, own  # type: ignore[method-assign]
+
+
+def _gpu_setup_in_the_interpreter() -> None:
+    """The child: prints each run's tokens and logprobs as JSON."""
+    runs = {
+        name: [[r.tokens, {s: [lp.logprob, lp.top] for s, lp in r.logprobs.items()}]
+               for r in _as_on_a_gpu(triton, graphs)]
+        for name, triton, graphs in (
+            ("triton_graphs", True, True), ("triton", True, False), ("torch", False, False)
+        )
+    }  # fmt: skip
+    print(json.dumps(runs))
+
+
+def test_the_gpu_setup_answers_alike_with_and_without_static_buffers() -> None:
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    code = f"from {__name__} import _gpu_setup_in_the_interpreter as f; f()"
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert runs["triton_graphs"] == runs["triton"]  # bit for bit, padding rows and all
+    for ours, theirs in zip(runs["triton"], runs["torch"], strict=True):
+        assert ours[0] == theirs[0]  # the same greedy tokens as torch's attention
+        for seq, (logprob, _) in ours[1].items():
+            assert logprob == pytest.approx(theirs[1][seq][0], abs=1e-4)
