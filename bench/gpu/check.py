@@ -1,12 +1,13 @@
 """One command on a GPU machine: our engine (reference answer, batched == alone, isolation,
-throughput at each stream count with and without a prefix hit), the same model in transformers
+throughput at each stream count with and without a prefix hit, decode steps as CUDA graphs and
+the same misses without them), the same model in transformers
 beside it, batch-1 decode against the device's bandwidth roofline, and the gateway in front of
 our backend (1 and N workers, its cost, isolation, the audit log verified). Writes one JSON
 (rewritten after every section, so a run cut short keeps what it measured) and prints a table.
 
     python -m bench.gpu.check [--model smollm2|FILE|DIR] [--device cuda] [--out FILE]
     python -m bench.gpu.check --device cpu --streams 1 2 --max-tokens 8 --workers 1 2 \\
-        --gateway-streams 2 --skip-transformers-if-missing      # the CPU rehearsal
+        --gateway-streams 2 --graphs on --skip-transformers-if-missing   # the CPU rehearsal
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "gpu_check.json"
 STARTED = time.monotonic()
 
 
+GRAPHS = {"auto": None, "on": True, "off": False}  # --graphs -> ModelRunner(graphs=...)
+
+
 def progress(message: str) -> None:
     print(f"[{time.monotonic() - STARTED:6.1f} s] {message}", flush=True)
 
@@ -42,10 +46,12 @@ def left(args: argparse.Namespace) -> float:
 
 
 def engine_section(args: argparse.Namespace, loaded: LoadedModel) -> dict[str, Any]:
-    engine = ours.make_engine(loaded, max(128, *args.streams))
+    engine, made = ours.make_engine(loaded, max(128, *args.streams), GRAPHS[args.graphs])
+    progress(f"engine: decode steps by {made['decode_steps']}, {made['runner_start_s']} s to start")
     progress("engine: reference answer, batched == alone, isolation")
     found: dict[str, Any] = {"dtype": str(loaded.dtype).removeprefix("torch.")}
     found["dtype_reason"] = loaded.dtype_reason
+    found["runner"] = made
     found["checks"] = ours.checks(engine, loaded, args.max_tokens)
     ours.generate(engine, loaded.device, [("warm", ours.row_prompts(loaded, 1)[0])] * 8, 8)
     rows, skipped = [], []
@@ -61,6 +67,16 @@ def engine_section(args: argparse.Namespace, loaded: LoadedModel) -> dict[str, A
                 f"first tokens {r['all_first_tokens_ms']} ms, cached {r['cached_tokens']}"
             )
     found["throughput"], found["skipped_for_time"] = rows, skipped
+    if made["decode_steps"] != "usual path" and left(args) > args.reserve_s:
+        del engine
+        usual = [s for s in (1, 8, 64) if s in args.streams] or args.streams[:1]
+        progress(f"engine: the same misses without CUDA graphs at {usual} streams")
+        found["usual_path"] = ours.usual_path_rows(loaded, rows, usual, args.max_tokens)
+        for r in found["usual_path"]["rows"]:
+            progress(
+                f"engine: {r['streams']} streams without graphs: {r['tokens_per_s']} tok/s "
+                f"(with: {r['graphs_tokens_per_s']}), same tokens: {r['same_tokens']}"
+            )
     return found
 
 
@@ -68,11 +84,14 @@ def roofline_section(args: argparse.Namespace, loaded: LoadedModel) -> dict[str,
     progress(f"roofline: copy of {args.copy_mib} MiB on {loaded.device}, batch-1 decode")
     import torch
 
-    runner = ModelRunner(loaded, num_blocks=256, block_size=BLOCK)
+    runner = ModelRunner(loaded, num_blocks=256, block_size=BLOCK, graphs=GRAPHS[args.graphs])
+    usual = ModelRunner(loaded, num_blocks=256, block_size=BLOCK, graphs=False)
     with torch.inference_mode():
         decode_rate(runner, loaded, 1, 4)  # warm-up
+        decode_rate(usual, loaded, 1, 4)
         bandwidth = copy_bandwidth(args.copy_mib, device=str(loaded.device))
         rates = [decode_rate(runner, loaded, 1, args.decode_steps) for _ in range(3)]
+        usual_rates = [decode_rate(usual, loaded, 1, args.decode_steps) for _ in range(3)]
     context = len(prompt_ids(loaded, TOPICS[0])) + args.decode_steps // 2
     weights, kv = loaded.model.decode_weight_bytes(), kv_bytes_per_token(loaded, context)
     decode = sorted(rates)[1]
@@ -82,6 +101,10 @@ def roofline_section(args: argparse.Namespace, loaded: LoadedModel) -> dict[str,
         "kv_bytes_per_token": kv,
         "decode_steps": args.decode_steps,
         "decode_runs_tokens_per_s": [round(r, 1) for r in rates],
+        "decode_steps_by": "usual path"
+        if runner.graphs is None
+        else ("CUDA graphs" if runner.graphs.captured else "static buffers"),
+        "usual_path_decode_runs_tokens_per_s": [round(r, 1) for r in usual_rates],
         **summary.roofline(bandwidth["copy_gb_s"], weights, kv, decode),
     }
 
@@ -188,6 +211,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prompt-words", type=int, default=260, help="gateway prompts, ~300 tokens")
     p.add_argument("--copy-mib", type=int, default=4096, help="the bandwidth copy's buffer")
     p.add_argument("--decode-steps", type=int, default=64)
+    p.add_argument(
+        "--graphs",
+        default="auto",
+        choices=list(GRAPHS),
+        help="decode steps: auto (CUDA graphs on a GPU), on (static buffers, eager on a CPU), off",
+    )
     p.add_argument("--budget-s", type=float, default=400, help="rows past this are skipped")
     p.add_argument("--reserve-s", type=float, default=120, help="time kept for later sections")
     p.add_argument("--skip-transformers-if-missing", action="store_true")

@@ -34,10 +34,25 @@ class Run:
     total_s: float
 
 
-def make_engine(loaded: LoadedModel, max_streams: int) -> Engine:
+def make_engine(
+    loaded: LoadedModel, max_streams: int, graphs: bool | None = None
+) -> tuple[Engine, dict[str, Any]]:
+    """The engine, and how its decode steps run: `graphs` None is the runner's default (CUDA
+    graphs on a GPU whose decode attention is ours), False the usual path for every step."""
     blocks = 8192
     config = EngineConfig(num_blocks=blocks, max_num_seqs=max_streams, max_step_tokens=8192)
-    return Engine(ModelRunner(loaded, num_blocks=blocks), config)
+    started = time.perf_counter()
+    runner = ModelRunner(loaded, num_blocks=blocks, max_batch=max_streams, graphs=graphs)
+    sync(loaded.device)
+    made = {
+        "decode_steps": "usual path"
+        if runner.graphs is None
+        else ("CUDA graphs" if runner.graphs.captured else "static buffers"),
+        "sizes": list(runner.graphs.sizes) if runner.graphs is not None else [],
+        "runner_start_s": round(time.perf_counter() - started, 2),
+        "kernel_plans": runner.kernel_plans(),
+    }
+    return Engine(runner, config), made
 
 
 def chat_ids(loaded: LoadedModel, text: str) -> list[int]:
@@ -137,6 +152,28 @@ def throughput_row(
         "seconds": round(run.total_s, 3),
         "first_stream_ids": next(iter(run.tokens.values())),
     }
+
+
+def usual_path_rows(
+    loaded: LoadedModel, graph_rows: list[dict[str, Any]], streams: list[int], max_tokens: int
+) -> dict[str, Any]:
+    """The same prefix-miss rows with every step on the usual path (no CUDA graphs): tokens/s,
+    and whether each row's first stream chose the same greedy tokens as with graphs."""
+    engine, made = make_engine(loaded, max(streams), graphs=False)
+    generate(engine, loaded.device, [("warm", row_prompts(loaded, 1)[0])] * 8, 8)
+    mine = {r["streams"]: r for r in graph_rows if r["prefix"] == "miss"}
+    rows = []
+    for n in streams:
+        row = throughput_row(engine, loaded, n, False, max_tokens)
+        graphed = mine.get(n)
+        rows.append({
+            "streams": n,
+            "tokens_per_s": row["tokens_per_s"],
+            "graphs_tokens_per_s": graphed["tokens_per_s"] if graphed else None,
+            "same_tokens": graphed["first_stream_ids"] == row["first_stream_ids"]
+            if graphed else None,
+        })  # fmt: skip
+    return {"runner": made, "rows": rows}
 
 
 def _only(run: Run) -> list[int]:

@@ -66,6 +66,11 @@ def goals(report: Mapping[str, Any]) -> dict[str, Any]:
         "gateway_cost_under_5_percent": _holds(
             worst, worst is not None and worst < GATEWAY_COST_GOAL
         ),
+        "decode_graphs_same_tokens": _all(
+            r["same_tokens"]
+            for r in engine.get("usual_path", {}).get("rows", ())
+            if r.get("same_tokens") is not None
+        ),
         "reference_answer": checks.get("reference_ok"),
         "batched_equals_alone": checks.get("batched_equals_alone"),
         "engine_isolation": checks.get("isolation_ok"),
@@ -127,6 +132,13 @@ def render(report: Mapping[str, Any]) -> str:
     if "greedy_tokens_alike" in hf:
         out.append(f"transformers and ours chose the same first {hf['greedy_tokens_alike']} "
                    f"greedy tokens at {rows[0][0] if rows else '-'} stream(s)")  # fmt: skip
+    usual = engine.get("usual_path", {}).get("rows", ())
+    if usual:
+        rows = [[r["streams"], r["graphs_tokens_per_s"], r["tokens_per_s"], r["same_tokens"]]
+                for r in usual]  # fmt: skip
+        head = ["streams", "graphs tok/s", "usual path tok/s", "same tokens"]
+        out += ["", f"decode steps: {engine.get('runner', {}).get('decode_steps')}",
+                *_table(head, rows)]  # fmt: skip
     line = report.get("roofline", {})
     if "copy_gb_s" in line:
         out += ["", *_table(

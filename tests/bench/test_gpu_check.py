@@ -106,3 +106,18 @@ def test_carry_compares_versions_by_their_numbers() -> None:
     assert carry._numbers("41.0.7") < carry._numbers("50.0.2")
     assert carry._numbers("3.10.0") > carry._numbers("3.9.15")
     assert carry._numbers("2.1.1") == carry._numbers("2.1.1.post1")
+
+
+def test_decode_graphs_hold_where_every_row_chose_the_same_tokens() -> None:
+    report = _report(ours_64=5200.0, gateway_cost=0.02)
+    assert summary.goals(report)["decode_graphs_same_tokens"] is None  # not measured
+    rows = [{"streams": 1, "tokens_per_s": 90.0, "graphs_tokens_per_s": 300.0, "same_tokens": True},
+            {"streams": 64, "tokens_per_s": 2000.0, "graphs_tokens_per_s": 5200.0,
+             "same_tokens": True}]  # fmt: skip
+    report["engine"]["usual_path"] = {"rows": rows}  # type: ignore[index]
+    report["engine"]["runner"] = {"decode_steps": "CUDA graphs"}  # type: ignore[index]
+    assert summary.goals(report)["decode_graphs_same_tokens"] is True
+    text = summary.render(report)
+    assert "decode steps: CUDA graphs" in text and "usual path tok/s" in text
+    rows[1]["same_tokens"] = False
+    assert summary.goals(report)["decode_graphs_same_tokens"] is False
