@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from backend.engine.plan import Chunk, StepPlan, StepResult, TokenLogprobs
+from backend.model import paged_gpu
 from backend.model.decode_graphs import DecodeGraphs, decodes_alone
 from backend.model.kv_pool import KVPool
 from backend.model.load import LoadedModel
@@ -43,14 +44,24 @@ class ModelRunner:
         self.dtype = loaded.dtype
         self.num_blocks = num_blocks
         self.block_size = block_size
-        wanted = self.device.type == "cuda" if graphs is None else graphs
+        wanted = _by_default(self.device) if graphs is None else graphs
         # With static buffers the pool has one block more, the padding rows' scratch.
         blocks = num_blocks + 1 if wanted else num_blocks
         self.pool = KVPool(loaded.config, blocks, block_size, self.device, self.dtype)
         self.graphs: DecodeGraphs | None = None
+        self.graphs_skipped = ""  # why steps of decodes alone run the usual way, where they do
         if wanted and (graphs or self.pool.plan.own_decodes):
             capture = self.device.type == "cuda"
-            self.graphs = DecodeGraphs(self.model, self.pool, num_blocks, max_batch, capture)
+            try:
+                self.graphs = DecodeGraphs(self.model, self.pool, num_blocks, max_batch, capture)
+            except Exception as exc:  # by default a failed capture costs speed, not the server
+                if graphs:
+                    raise
+                self.graphs_skipped = f"CUDA graphs not used: {exc!r}"[:300]
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)  # nothing of the capture in flight
+        elif wanted and graphs is None:
+            self.graphs_skipped = "CUDA graphs not used: decodes are not read in place"
         self._generator = torch.Generator(device=self.device)
         self._generator.seed()
 
@@ -66,8 +77,14 @@ class ModelRunner:
     def kernel_plans(self) -> str:
         """How this host's kernels are fed so that a row never depends on its batch-mates."""
         plans = f"{self.model.row_plans()}; {self.pool.plan.describe()}"
+        if self.device.type == "cuda" and not self.pool.plan.own_decodes:
+            cfg = self.loaded.config
+            why = paged_gpu.checked(
+                self.device, self.dtype, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+            )  # remembered from the pool's plan: no second probe
+            plans += f"; our decode attention: not used ({why})"
         if self.graphs is None:
-            return plans
+            return f"{plans}; {self.graphs_skipped}" if self.graphs_skipped else plans
         how = "CUDA graphs" if self.graphs.captured else "static buffers"
         return f"{plans}; steps of decodes alone: {how} of {len(self.graphs.sizes)} sizes"
 
@@ -124,6 +141,12 @@ class ModelRunner:
         )
         chosen = dict(zip([c.seq_id for c in sampled], tokens, strict=True))
         return StepResult(chosen, _logprobs(logits, sampled, tokens))
+
+
+def _by_default(device: torch.device) -> bool:
+    """Whether steps of decodes alone run from static buffers unless asked otherwise: on a GPU,
+    where they are CUDA graphs (on a CPU they gain nothing measurable: bench/README.md)."""
+    return device.type == "cuda"
 
 
 def _logprobs(

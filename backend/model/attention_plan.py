@@ -76,7 +76,8 @@ def plan_attention(
     if native.attends(config.head_dim, dtype, device):
         prompts = config.group <= native.PROMPT_GROUP_MAX
         return replace(best, own_decodes=True, own_prompts=prompts)
-    if device.type == "cuda" and paged_gpu.available(device, dtype, config.head_dim) is None:
+    heads = (config.n_heads, config.n_kv_heads, config.head_dim)
+    if device.type == "cuda" and paged_gpu.checked(device, dtype, *heads) is None:
         return replace(best, own_decodes=True)  # our Triton kernel; prompts stay probed
     return best
 

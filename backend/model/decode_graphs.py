@@ -119,7 +119,23 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.inference_mode(), torch.cuda.graph(graph, pool=shared):
             out = self._forward(attention, size)
+        self._verify(size, graph, out)
         return graph, out
+
+    def _verify(self, size: int, graph: torch.cuda.CUDAGraph, out: torch.Tensor) -> None:
+        """Replays the graph on other token ids (one per row) and runs the same step directly:
+        the bits must agree, or what the capture fixed would answer every later step."""
+        ids = self._rows[0, :size]
+        ids.copy_(torch.arange(1, size + 1) % self.model.config.vocab)
+        try:
+            graph.replay()
+            replayed = out.clone()
+            with torch.inference_mode():
+                direct = self._forward(self._attention(size), size)
+        finally:
+            ids.zero_()
+        if not torch.equal(replayed, direct):
+            raise RuntimeError(f"the graph of {size} rows replays other bits than a direct step")
 
 
 def _padded(table: Sequence[int], width: int, fill: int) -> list[int]:

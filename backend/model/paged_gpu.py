@@ -127,6 +127,39 @@ def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | 
     return None
 
 
+@functools.cache
+def checked(
+    device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int
+) -> str | None:
+    """None where the kernel runs here and agrees with float32 on a probe of this model's head
+    shape (contexts of 1, 37 and 128 positions over a shuffled table), else why not. Remembered
+    per shape: the start-up log names the reason where the kernel is not used."""
+    reason = available(device, dtype, head_dim)
+    if reason is not None:
+        return reason
+    from backend.model.native import reference_attention  # the CPU kernels' yardstick
+
+    gen = torch.Generator().manual_seed(0)
+    bs, lengths = 16, [1, 37, 128]
+    pool = [torch.randn(1, 8, bs, kv_heads, head_dim, generator=gen).to(dtype) for _ in "kv"]
+    q = torch.randn(len(lengths), heads, head_dim, generator=gen).to(dtype)
+    table = torch.tensor([[7, 3, 5, 0, 1, 2, 4, 6]] * len(lengths), dtype=torch.int32)
+    ends = torch.tensor(lengths, dtype=torch.int32)
+    try:
+        k, v = (t.to(device) for t in pool)
+        got = PagedDecodeAttention(table.to(device), ends.to(device), k, v, heads)(0, q.to(device))
+        got = got.float().cpu()
+    except Exception as exc:  # a kernel that cannot be built or run here is not used
+        return f"the kernel failed on a probe: {exc!r}"[:300]
+    flat = [t[0].reshape(-1, kv_heads, head_dim) for t in pool]
+    want = reference_attention(q, flat[0], flat[1], table, ends, bs)
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3}.get(dtype, 1.6e-2)
+    if not torch.allclose(got, want, atol=tol, rtol=tol):
+        off = float((got - want).abs().max())
+        return f"the kernel disagrees with float32 on a probe (by {off:.3g})"
+    return None
+
+
 def _tile(group: int, head_dim: int) -> int:
     """BLOCK_N for G_PAD = group heads: fixed by the heads' shape alone, never by B."""
     return max(16, min(64, _TILE_ELEMENTS // (group * head_dim)))

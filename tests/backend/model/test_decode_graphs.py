@@ -198,3 +198,51 @@ def test_the_gpu_setup_answers_alike_with_and_without_static_buffers() -> None:
         assert ours[0] == theirs[0]  # the same greedy tokens as torch's attention
         for seq, (logprob, _) in ours[1].items():
             assert logprob == pytest.approx(theirs[1][seq][0], abs=1e-4)
+
+
+def test_a_failed_capture_costs_the_speed_not_the_server(
+    wide: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where graphs are on by default (a GPU) and capturing fails, steps run the usual way and
+    the start-up log says why; asked for explicitly, the failure is the runner's."""
+    import backend.runner
+
+    def broken(*args: object, **kwargs: object) -> DecodeGraphs:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(backend.runner, "_by_default", lambda device: True)
+    monkeypatch.setattr(backend.runner, "DecodeGraphs", broken)
+    runner = ModelRunner(wide, num_blocks=BLOCKS, block_size=BS)
+    assert runner.graphs is None
+    assert "CUDA graphs not used: RuntimeError('operation not permitted" in runner.kernel_plans()
+    usual = ModelRunner(wide, num_blocks=BLOCKS, block_size=BS, graphs=False)
+    assert _run(runner, steps=3, drop_after=3)[0] == _run(usual, steps=3, drop_after=3)[0]
+    with pytest.raises(RuntimeError, match="capturing"):
+        ModelRunner(wide, num_blocks=BLOCKS, block_size=BS, graphs=True)
+
+
+class _Replay:
+    """Stands in for a captured graph: `replay` writes the logits of `rows` into `out`."""
+
+    def __init__(self, graphs: DecodeGraphs, size: int, fresh: bool) -> None:
+        self.graphs, self.size, self.fresh = graphs, size, fresh
+        with torch.inference_mode():
+            self.out = graphs._forward(graphs._attention(size), size)
+
+    def replay(self) -> None:
+        if self.fresh:  # what a correct graph does: the step on the buffers as they are now
+            with torch.inference_mode():
+                self.out.copy_(self.graphs._forward(self.graphs._attention(self.size), self.size))
+
+
+@needs_our_kernels
+def test_a_graph_that_replays_its_capture_and_not_the_step_is_refused(wide: LoadedModel) -> None:
+    runner = ModelRunner(wide, num_blocks=BLOCKS, block_size=BS, graphs=True)
+    graphs = runner.graphs
+    assert graphs is not None
+    good = _Replay(graphs, 4, fresh=True)
+    graphs._verify(4, good, good.out)  # type: ignore[arg-type]
+    stale = _Replay(graphs, 4, fresh=False)  # its logits: those of the capture's inputs
+    with pytest.raises(RuntimeError, match="other bits than a direct step"):
+        graphs._verify(4, stale, stale.out)  # type: ignore[arg-type]
+    assert not graphs._rows[0].any()  # the buffers hold padding rows again

@@ -154,6 +154,27 @@ def _check_the_interpreter_runs_cpu_tensors_only() -> None:
     assert "interpret" in str(available(torch.device("cuda"), torch.float16, 64))
 
 
+def _check_the_start_up_probe_passes_a_good_kernel_and_names_a_bad_one() -> None:
+    from backend.model import paged_gpu
+
+    probe = paged_gpu.checked.__wrapped__  # type: ignore[attr-defined]  # uncached
+    assert probe(CPU, torch.float32, 9, 3, 64) is None
+    assert probe(CPU, torch.float16, 4, 4, 64) is None
+    assert "power of two" in probe(CPU, torch.float32, 9, 3, 48)
+    real = PagedDecodeAttention.__call__
+    try:  # a kernel that computes something else, then one that cannot run
+        PagedDecodeAttention.__call__ = lambda self, layer, q, out=None: q.reshape(q.shape[0], -1)  # type: ignore[method-assign]
+        assert "disagrees with float32" in probe(CPU, torch.float32, 9, 3, 64)
+
+        def fails(self: PagedDecodeAttention, layer: int, q: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("no kernel image is available")
+
+        PagedDecodeAttention.__call__ = fails  # type: ignore[method-assign, assignment]
+        assert "no kernel image" in probe(CPU, torch.float32, 9, 3, 64)
+    finally:
+        PagedDecodeAttention.__call__ = real  # type: ignore[method-assign]
+
+
 def _check_misshapen_inputs_are_refused() -> None:
     k, v = _pool(6, 16, 3, 64, torch.float32, layers=2)
     blocks, ends = _tables([20, 9], 4, 6, 16), torch.tensor([20, 9], dtype=torch.int32)
@@ -180,6 +201,7 @@ INTERPRETED: dict[str, Callable[[], None]] = {
         _check_the_layer_index_picks_the_layer,
         _check_an_empty_context_gives_zeros_and_a_table_outside_the_pool_nan,
         _check_the_interpreter_runs_cpu_tensors_only,
+        _check_the_start_up_probe_passes_a_good_kernel_and_names_a_bad_one,
         _check_misshapen_inputs_are_refused,
     )
 }
