@@ -3,7 +3,7 @@ for every chunk, prefill and decode together; steps of decodes alone from static
 graphs on a GPU, backend.model.decode_graphs).
 
 Invariant: the KV pool is written only at the slots of a plan's chunks, after the plan's
-zero_blocks have been zeroed, and at the scratch block past the engine's blocks (padding rows);
+zero_blocks have been zeroed, and at the scratch blocks past the engine's (padding rows);
 every tensor lives on `runner.device`. A step's tokens are read back to the host once.
 """
 
@@ -15,7 +15,7 @@ import torch
 
 from backend.engine.plan import Chunk, StepPlan, StepResult, TokenLogprobs
 from backend.model import paged_gpu
-from backend.model.decode_graphs import DecodeGraphs, decodes_alone
+from backend.model.decode_graphs import DecodeGraphs, decodes_alone, scratch_blocks
 from backend.model.kv_pool import KVPool
 from backend.model.load import LoadedModel
 from backend.model.logprobs import token_logprobs
@@ -45,8 +45,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.block_size = block_size
         wanted = _by_default(self.device) if graphs is None else graphs
-        # With static buffers the pool has one block more, the padding rows' scratch.
-        blocks = num_blocks + 1 if wanted else num_blocks
+        # With static buffers the pool has blocks past the engine's: the padding rows' scratch.
+        blocks = num_blocks + (scratch_blocks(max_batch, block_size) if wanted else 0)
         self.pool = KVPool(loaded.config, blocks, block_size, self.device, self.dtype)
         self.graphs: DecodeGraphs | None = None
         self.graphs_skipped = ""  # why steps of decodes alone run the usual way, where they do

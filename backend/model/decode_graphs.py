@@ -5,7 +5,7 @@ and replayed, so a step costs one launch instead of a few hundred.
 Invariant: a step's rows get the bits the step gets without this path: the same kernels, ops
 that work row by row, projections whose row plan gives a row its bits at any call size, and
 decode attention that reads each row's own context only (so the padding rows change nothing).
-Padding rows read and write only the scratch block, which the engine never hands out. A graph
+Padding rows read and write only the scratch blocks, which the engine never hands out. A graph
 reads the buffers it was captured with: each step writes them in place, never replaces them.
 """
 
@@ -40,20 +40,30 @@ class DecodeGraphs:
     only) records each padded size's forward pass as a graph once, at construction."""
 
     def __init__(self, model: Llama, pool: KVPool, scratch: int, max_batch: int, capture: bool):
+        """`scratch`: the first of `scratch_blocks(max_batch, block_size)` blocks past the
+        engine's. Padding row i writes slot i of them and reads only its own scratch block:
+        no slot has two writers in a step, so a step of padding rows alone gives the same bits
+        every time (which a graph's check needs), whatever order a device writes in."""
         if not pool.plan.own_decodes:
             raise ValueError("decode steps from static buffers need decodes read in place")
         if capture and pool.k.device.type != "cuda":
             raise ValueError("CUDA graphs are captured on a CUDA device only")
-        if not 0 <= scratch < pool.k.shape[1]:
-            raise ValueError(f"scratch block {scratch} is outside the pool")
+        bs = pool.block_size
+        if scratch < 0 or scratch + scratch_blocks(max_batch, bs) > pool.k.shape[1]:
+            raise ValueError(f"scratch blocks from {scratch} leave the pool")
         self.model, self.pool, self.scratch = model, pool, scratch
         self.sizes = (*(s for s in SIZES if s < max_batch), max_batch)
-        most, bs, dev = self.sizes[-1], pool.block_size, pool.k.device
+        most, dev = self.sizes[-1], pool.k.device
         width = -(-model.config.max_positions // bs)
-        self._rows = torch.zeros(3, most, dtype=torch.long, device=dev)  # ids, positions, slots
-        self._rows[2] = scratch * bs
-        self._ends = torch.ones(most, dtype=torch.int32, device=dev)
-        self._blocks = torch.full((most, width), scratch, dtype=torch.int32, device=dev)
+        # Padding row i: token 0 at position i % bs of scratch block i // bs.
+        self._pad = [(scratch + i // bs, i % bs) for i in range(most)]
+        self._rows = torch.tensor(  # ids, positions, slots
+            [[0] * most, [p for _, p in self._pad], [b * bs + p for b, p in self._pad]],
+            device=dev,
+        )
+        self._ends = torch.tensor([p + 1 for _, p in self._pad], dtype=torch.int32, device=dev)
+        self._blocks = torch.tensor([[b] * width for b, _ in self._pad], dtype=torch.int32)
+        self._blocks = self._blocks.to(dev)
         self._graphs: dict[int, _Graph] = {}
         if capture:
             shared = torch.cuda.graph_pool_handle()
@@ -80,20 +90,21 @@ class DecodeGraphs:
         return graph[1][:n]
 
     def _fill(self, chunks: Sequence[Chunk], size: int) -> None:
-        """Writes the step's rows, and padding rows on the scratch block, into the buffers."""
-        bs, pad = self.pool.block_size, size - len(chunks)
-        ends = [c.start + 1 for c in chunks] + [1] * pad
+        """Writes the step's rows, and padding rows on the scratch blocks, into the buffers."""
+        bs, n = self.pool.block_size, len(chunks)
+        pad = self._pad[n:size]
+        ends = [c.start + 1 for c in chunks] + [p + 1 for _, p in pad]
         width = -(-max(ends) // bs)
         rows = [
-            [*(c.token_ids[0] for c in chunks), *[0] * pad],
-            [*(c.start for c in chunks), *[0] * pad],
+            [*(c.token_ids[0] for c in chunks), *[0] * len(pad)],
+            [*(c.start for c in chunks), *[p for _, p in pad]],
             [
                 *(c.block_table[c.start // bs] * bs + c.start % bs for c in chunks),
-                *[self.scratch * bs] * pad,
+                *[b * bs + p for b, p in pad],
             ],
         ]
         tables = [_padded(c.block_table[:width], width, self.scratch) for c in chunks]
-        tables += [[self.scratch] * width] * pad
+        tables += [[b] * width for b, _ in pad]
         self._rows[:, :size].copy_(torch.tensor(rows))
         self._ends[:size].copy_(torch.tensor(ends, dtype=torch.int32))
         self._blocks[:size, :width].copy_(torch.tensor(tables, dtype=torch.int32))
@@ -108,7 +119,7 @@ class DecodeGraphs:
 
     def _capture(self, size: int, shared: _POOL_HANDLE) -> _Graph:
         """Warms the size up on a side stream (kernels compiled, workspaces made), then records
-        it. The buffers hold padding rows only: warm-up and capture touch the scratch block."""
+        it. The buffers hold padding rows only: warm-up and capture touch the scratch blocks."""
         attention = self._attention(size)
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream())
@@ -136,6 +147,11 @@ class DecodeGraphs:
             ids.zero_()
         if not torch.equal(replayed, direct):
             raise RuntimeError(f"the graph of {size} rows replays other bits than a direct step")
+
+
+def scratch_blocks(max_batch: int, block_size: int) -> int:
+    """Blocks past the engine's that padding rows of up to `max_batch` rows use."""
+    return -(-max_batch // block_size)
 
 
 def _padded(table: Sequence[int], width: int, fill: int) -> list[int]:

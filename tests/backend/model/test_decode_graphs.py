@@ -17,7 +17,7 @@ import torch
 
 from backend.engine.plan import Chunk, SamplingParams, StepPlan, StepResult
 from backend.model import LoadedModel
-from backend.model.decode_graphs import DecodeGraphs, decodes_alone
+from backend.model.decode_graphs import DecodeGraphs, decodes_alone, scratch_blocks
 from backend.model.weights import build_llama
 from backend.runner import ModelRunner
 from tests.backend.model.conftest import WIDE, needs_our_kernels
@@ -93,14 +93,29 @@ def test_decode_steps_from_static_buffers_answer_as_the_usual_path(
 @needs_our_kernels
 def test_padding_rows_write_the_scratch_block_only(wide: LoadedModel) -> None:
     runner = ModelRunner(wide, num_blocks=BLOCKS, block_size=BS, graphs=True)
-    assert runner.pool.k.shape[1] == BLOCKS + 1  # the scratch block, past the engine's
+    assert runner.pool.k.shape[1] == BLOCKS + scratch_blocks(256, BS)  # past the engine's
     _run(runner, steps=4, drop_after=4)
     # positions 0 .. len(prompt) + 3 of each sequence: the blocks its table names for them
     used = {b for p, t in zip(PROMPTS, TABLES, strict=True) for b in t[: -(-(len(p) + 4) // BS)]}
     for b in range(BLOCKS):
         written = bool(runner.pool.k[:, b].any()) or bool(runner.pool.v[:, b].any())
         assert written == (b in used), b
-    assert runner.pool.k[:, BLOCKS].any()  # 3 rows ran as 4: the fourth wrote here
+    assert runner.pool.k[:, BLOCKS, 3].any()  # 3 rows ran as 4: the fourth wrote its slot
+
+
+@needs_our_kernels
+def test_padding_rows_alone_write_one_slot_each_and_repeat_their_bits(wide: LoadedModel) -> None:
+    runner = ModelRunner(wide, num_blocks=BLOCKS, block_size=BS, max_batch=8, graphs=True)
+    graphs = runner.graphs
+    assert graphs is not None
+    graphs._fill([], 8)
+    with torch.inference_mode():
+        first = graphs._forward(graphs._attention(8), 8)
+        again = graphs._forward(graphs._attention(8), 8)
+    assert torch.equal(first, again)
+    written = runner.pool.k[0, BLOCKS:].flatten(2).any(dim=2)  # [scratch blocks, slot]
+    assert written.tolist() == [[True] * BS, [True] * BS]  # rows 0-7: slots 0-7, one each
+    assert not runner.pool.k[:, :BLOCKS].any()  # nothing of the engine's
 
 
 @needs_our_kernels
@@ -142,8 +157,9 @@ def test_sizes_and_what_a_graph_needs(wide: LoadedModel) -> None:
     assert runner.graphs.sizes == (1, 2, 4, 8, 12, 16, 20)
     with pytest.raises(ValueError, match="CUDA"):
         DecodeGraphs(wide.model, runner.pool, BLOCKS, 4, capture=True)
+    assert runner.pool.k.shape[1] == BLOCKS + 5  # 20 padding rows at most: 5 blocks of 4
     with pytest.raises(ValueError, match="scratch"):
-        DecodeGraphs(wide.model, runner.pool, BLOCKS + 1, 4, capture=False)
+        DecodeGraphs(wide.model, runner.pool, BLOCKS + 5, 4, capture=False)
 
 
 def _as_on_a_gpu(triton: bool, graphs: bool) -> list[StepResult]:
