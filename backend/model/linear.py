@@ -25,7 +25,7 @@ from backend.model.row_plan import (
     better,
     calls,
     probe,
-    run_padded,
+    run_window,
     sufficient,
 )
 
@@ -121,16 +121,21 @@ class Projection:
 
     def __call__(self, x: torch.Tensor, generated: int) -> torch.Tensor:
         """x's first `generated` rows are tokens the model generated, the rest prompt tokens."""
-        parts = calls(x.shape[0], generated, self.plan)
+        n = x.shape[0]
+        parts = calls(n, generated, self.plan)
         # As `calls` has it: where prompt rows are not planned, every row runs as generated.
-        ours = generated if self.plan.prompt_sizes else x.shape[0]
+        ours = generated if self.plan.prompt_sizes else n
         if len(parts) == 1:  # most steps: decodes alone, or one prompt chunk alone
-            start, _, size = parts[0]
-            return run_padded(self._generated if start < ours else self._kernel, x, size)
-        out = x.new_empty(x.shape[0], self.weight.shape[0])
-        for start, end, size in parts:
-            kernel = self._generated if start < ours else self._kernel
-            out[start:end] = run_padded(kernel, x[start:end], size)
+            start, end, size = parts[0]
+            if start < ours:
+                return run_window(self._generated, x, start, end, size, 0, ours)
+            return run_window(self._kernel, x, start, end, size, ours, n)
+        out = x.new_empty(n, self.weight.shape[0])
+        for start, end, size in parts:  # a call's padding: rows of its own kind where it can
+            if start < ours:
+                out[start:end] = run_window(self._generated, x, start, end, size, 0, ours)
+            else:
+                out[start:end] = run_window(self._kernel, x, start, end, size, ours, n)
         return out
 
 

@@ -102,6 +102,21 @@ def run_padded(kernel: Kernel, x: torch.Tensor, rows: int) -> torch.Tensor:
     return kernel(torch.cat((x, x[-1:].expand(rows - n, -1))))[:n]
 
 
+def run_window(
+    kernel: Kernel, x: torch.Tensor, start: int, end: int, size: int, lo: int, hi: int
+) -> torch.Tensor:
+    """x's rows [start, end) through the kernel in a call of `size` rows: with rows of x next to
+    them as call-mates where rows [lo, hi) (the same kind) hold enough, else padded with copies
+    of the last (`run_padded`). Either way each row runs in a call of its planned size, at a
+    position the probe let vary, so its bits are the same; the window copies nothing."""
+    if end - start == size:
+        return kernel(x[start:end])
+    at = min(start, hi - size)
+    if at < lo:
+        return run_padded(kernel, x[start:end], size)
+    return kernel(x[at : at + size])[start - at : end - at]
+
+
 @functools.lru_cache(maxsize=4096)
 def calls(rows: int, generated: int, plan: RowPlan) -> tuple[tuple[int, int, int], ...]:
     """[start, end) and the padded row count of each kernel call for `rows` rows whose first

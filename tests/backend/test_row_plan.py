@@ -18,6 +18,7 @@ from backend.model.row_plan import (
     generated_calls,
     probe,
     prompt_calls,
+    run_window,
     sufficient,
 )
 
@@ -112,3 +113,38 @@ def test_calls_keep_generated_and_prompt_rows_apart() -> None:
     assert calls(70, 0, plan) == ((0, 35, 48), (35, 70, 48))
     # Without prompt sizes every row runs as a generated one.
     assert calls(45, 5, RowPlan(32, ())) == ((0, 22, 22), (22, 45, 23))
+
+
+class Recording:
+    """`steady`, keeping each call's rows (the tensor it was handed)."""
+
+    def __init__(self) -> None:
+        self.seen: list[torch.Tensor] = []
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x)
+        return steady(x)
+
+
+def test_a_call_padded_with_rows_of_its_own_kind_copies_nothing_and_answers_alike() -> None:
+    x = X[:300]
+    kernel = Recording()
+    out = run_window(kernel, x, 150, 300, 160, lo=100, hi=300)  # rows 140..299, one call
+    assert torch.equal(out, steady(x)[150:300])
+    assert kernel.seen[0].shape[0] == 160
+    assert kernel.seen[0].data_ptr() == x[140].data_ptr()  # a view of x's own rows, no copy
+    out = run_window(kernel, x, 100, 250, 160, lo=100, hi=300)  # rows 100..259
+    assert torch.equal(out, steady(x)[100:250])
+    assert kernel.seen[1].data_ptr() == x[100].data_ptr()
+
+
+def test_a_call_without_enough_rows_of_its_kind_is_padded_with_copies() -> None:
+    x = X[:300]
+    kernel = Recording()
+    # Rows 150..299 in a call of 160, but rows below 200 are the other kind: copies pad it.
+    out = run_window(kernel, x, 200, 300, 160, lo=200, hi=300)
+    assert torch.equal(out, steady(x)[200:300])
+    assert torch.equal(kernel.seen[0][100:], x[299:].expand(60, -1))
+    # Fewer rows than the call in all: padded, as a lone prompt chunk of 30 rows in a call of 48.
+    assert torch.equal(run_window(kernel, x[:30], 0, 30, 48, lo=0, hi=30), steady(x[:30]))
+    assert kernel.seen[1].shape[0] == 48
