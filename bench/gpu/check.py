@@ -84,7 +84,8 @@ def roofline_section(args: argparse.Namespace, loaded: LoadedModel) -> dict[str,
     progress(f"roofline: copy of {args.copy_mib} MiB on {loaded.device}, batch-1 decode")
     import torch
 
-    runner = ModelRunner(loaded, num_blocks=256, block_size=BLOCK, graphs=GRAPHS[args.graphs])
+    graphs = GRAPHS[args.graphs]  # batch 1 only: one graph size is all it needs
+    runner = ModelRunner(loaded, num_blocks=256, block_size=BLOCK, max_batch=1, graphs=graphs)
     usual = ModelRunner(loaded, num_blocks=256, block_size=BLOCK, graphs=False)
     with torch.inference_mode():
         decode_rate(runner, loaded, 1, 4)  # warm-up
