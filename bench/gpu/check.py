@@ -1,9 +1,10 @@
 """One command on a GPU machine: our engine (reference answer, batched == alone, isolation,
 throughput at each stream count with and without a prefix hit, decode steps as CUDA graphs and
-the same misses without them), the same model in transformers
-beside it, batch-1 decode against the device's bandwidth roofline, and the gateway in front of
-our backend (1 and N workers, its cost, isolation, the audit log verified). Writes one JSON
-(rewritten after every section, so a run cut short keeps what it measured) and prints a table.
+the same misses without them), the same model in transformers beside it, batch-1 decode against
+the device's bandwidth roofline, our decode attention against a gathering copy, and the gateway
+in front of our backend (1 and N workers, its cost, isolation, the audit log verified). Writes
+one JSON (rewritten after every section, so a run cut short keeps what it measured) and prints a
+table.
 
     python -m bench.gpu.check [--model smollm2|FILE|DIR] [--device cuda] [--out FILE]
     python -m bench.gpu.check --device cpu --streams 1 2 --max-tokens 8 --workers 1 2 \\
@@ -24,8 +25,8 @@ from typing import Any
 # The backend first: it sets the OpenMP settings that hold only if set before torch loads.
 from backend.model import LoadedModel, load_model
 from backend.runner import ModelRunner
+from bench.gpu import attention, hf, stack, summary
 from bench.gpu import engine as ours
-from bench.gpu import hf, stack, summary
 from bench.machine import describe
 from bench.roofline import copy_bandwidth, kv_bytes_per_token
 from bench.runner_speed import BLOCK, TOPICS, decode_rate, prompt_ids
@@ -110,6 +111,28 @@ def roofline_section(args: argparse.Namespace, loaded: LoadedModel) -> dict[str,
     }
 
 
+def attention_section(args: argparse.Namespace, loaded: LoadedModel) -> dict[str, Any]:
+    """Our decode kernel against the usual path's gather and torch attention, call by call."""
+    import torch
+
+    from backend.model import paged_gpu
+
+    reason = paged_gpu.available(loaded.device, loaded.dtype, loaded.config.head_dim)
+    if reason is not None:
+        return {"skipped": f"our decode kernel does not run here: {reason}"}
+    with torch.inference_mode():
+        found = attention.rows(
+            loaded.config, loaded.device, loaded.dtype, args.attention_batches,
+            args.attention_contexts, args.attention_repeats,
+        )  # fmt: skip
+    for r in found:
+        progress(
+            f"attention: batch {r['batch']}, context {r['context']}: ours {r['ours_us']} us, "
+            f"gathered {r['gathered_us']} us (answers apart by {r['largest_difference']})"
+        )
+    return {"rows": found}
+
+
 def transformers_section(args: argparse.Namespace, loaded: LoadedModel) -> dict[str, Any]:
     try:
         import transformers
@@ -170,6 +193,7 @@ def in_process(args: argparse.Namespace, report: dict[str, Any], out: Path) -> N
     report["device"] = torch.cuda.get_device_name(loaded.device) if cuda else "cpu"
     section(report, "engine", out, lambda: engine_section(args, loaded))
     section(report, "roofline", out, lambda: roofline_section(args, loaded))
+    section(report, "attention", out, lambda: attention_section(args, loaded))
     section(report, "transformers", out, lambda: transformers_section(args, loaded))
     agreement(report)
     if cuda:
@@ -212,6 +236,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prompt-words", type=int, default=260, help="gateway prompts, ~300 tokens")
     p.add_argument("--copy-mib", type=int, default=4096, help="the bandwidth copy's buffer")
     p.add_argument("--decode-steps", type=int, default=64)
+    p.add_argument("--attention-batches", type=int, nargs="+", default=[1, 8, 64])
+    p.add_argument("--attention-contexts", type=int, nargs="+", default=[256, 2048])
+    p.add_argument("--attention-repeats", type=int, default=20, help="calls timed per way")
     p.add_argument(
         "--graphs",
         default="auto",

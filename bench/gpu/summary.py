@@ -139,6 +139,13 @@ def render(report: Mapping[str, Any]) -> str:
         head = ["streams", "graphs tok/s", "usual path tok/s", "same tokens"]
         out += ["", f"decode steps: {engine.get('runner', {}).get('decode_steps')}",
                 *_table(head, rows)]  # fmt: skip
+    calls = report.get("attention", {}).get("rows", ())
+    if calls:
+        rows = [[r["batch"], r["context"], r["ours_us"], r["gathered_us"],
+                 round(r["ours_us"] / r["gathered_us"], 2) if r["gathered_us"] else None]
+                for r in calls]  # fmt: skip
+        head = ["batch", "context", "ours us", "gathered us", "ours/gathered"]
+        out += ["", "decode attention, one call:", *_table(head, rows)]
     line = report.get("roofline", {})
     if "copy_gb_s" in line:
         out += ["", *_table(

@@ -121,3 +121,12 @@ def test_decode_graphs_hold_where_every_row_chose_the_same_tokens() -> None:
     assert "decode steps: CUDA graphs" in text and "usual path tok/s" in text
     rows[1]["same_tokens"] = False
     assert summary.goals(report)["decode_graphs_same_tokens"] is False
+
+
+def test_render_shows_one_attention_call_both_ways() -> None:
+    report = _report(ours_64=5200.0, gateway_cost=0.02)
+    call = {"batch": 8, "context": 2048, "ours_us": 30.0, "gathered_us": 120.0}
+    report["attention"] = {"rows": [call | {"largest_difference": 0.004}]}
+    lines = summary.render(report).splitlines()
+    at = lines.index("decode attention, one call:")
+    assert lines[at + 2].split() == ["8", "2,048", "30.0", "120.0", "0.25"]
