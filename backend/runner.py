@@ -85,8 +85,15 @@ class ModelRunner:
             plans += f"; our decode attention: not used ({why})"
         if self.graphs is None:
             return f"{plans}; {self.graphs_skipped}" if self.graphs_skipped else plans
-        how = "CUDA graphs" if self.graphs.captured else "static buffers"
-        return f"{plans}; steps of decodes alone: {how} of {len(self.graphs.sizes)} sizes"
+        sizes = len(self.graphs.sizes)
+        return f"{plans}; steps of decodes alone: {self.decode_steps} of {sizes} sizes"
+
+    @property
+    def decode_steps(self) -> str:
+        """How steps of decodes alone run: "CUDA graphs", "static buffers" or "usual path"."""
+        if self.graphs is None:
+            return "usual path"
+        return "CUDA graphs" if self.graphs.captured else "static buffers"
 
     def kv_cache_bytes(self) -> int:
         """Bytes held by the KV pool (K and V, all layers)."""

@@ -126,17 +126,18 @@ class Projection:
         # As `calls` has it: where prompt rows are not planned, every row runs as generated.
         ours = generated if self.plan.prompt_sizes else n
         if len(parts) == 1:  # most steps: decodes alone, or one prompt chunk alone
-            start, end, size = parts[0]
-            if start < ours:
-                return run_window(self._generated, x, start, end, size, 0, ours)
-            return run_window(self._kernel, x, start, end, size, ours, n)
+            return self._call(x, *parts[0], ours)
         out = x.new_empty(n, self.weight.shape[0])
-        for start, end, size in parts:  # a call's padding: rows of its own kind where it can
-            if start < ours:
-                out[start:end] = run_window(self._generated, x, start, end, size, 0, ours)
-            else:
-                out[start:end] = run_window(self._kernel, x, start, end, size, ours, n)
+        for start, end, size in parts:
+            out[start:end] = self._call(x, start, end, size, ours)
         return out
+
+    def _call(self, x: torch.Tensor, start: int, end: int, size: int, ours: int) -> torch.Tensor:
+        """Rows [start, end) in one call of `size` rows, padded with rows of their own kind
+        (generated rows below `ours`, prompt rows from it) where x has enough."""
+        if start < ours:
+            return run_window(self._generated, x, start, end, size, 0, ours)
+        return run_window(self._kernel, x, start, end, size, ours, x.shape[0])
 
 
 def _probe_rows(weight: torch.Tensor) -> torch.Tensor:

@@ -103,9 +103,7 @@ def roofline_section(args: argparse.Namespace, loaded: LoadedModel) -> dict[str,
         "kv_bytes_per_token": kv,
         "decode_steps": args.decode_steps,
         "decode_runs_tokens_per_s": [round(r, 1) for r in rates],
-        "decode_steps_by": "usual path"
-        if runner.graphs is None
-        else ("CUDA graphs" if runner.graphs.captured else "static buffers"),
+        "decode_steps_by": runner.decode_steps,
         "usual_path_decode_runs_tokens_per_s": [round(r, 1) for r in usual_rates],
         **summary.roofline(bandwidth["copy_gb_s"], weights, kv, decode),
     }

@@ -45,9 +45,7 @@ def make_engine(
     runner = ModelRunner(loaded, num_blocks=blocks, max_batch=max_streams, graphs=graphs)
     sync(loaded.device)
     made = {
-        "decode_steps": "usual path"
-        if runner.graphs is None
-        else ("CUDA graphs" if runner.graphs.captured else "static buffers"),
+        "decode_steps": runner.decode_steps,
         "sizes": list(runner.graphs.sizes) if runner.graphs is not None else [],
         "runner_start_s": round(time.perf_counter() - started, 2),
         "kernel_plans": runner.kernel_plans(),
