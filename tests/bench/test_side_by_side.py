@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from bench.backend_side_by_side import judge, parse_args
+from bench.backend_side_by_side import judge, parse_args, start_all
 from bench.hog import cpu_hog
+from bench.targets import Target
 
 
 def _children() -> set[int]:
@@ -69,3 +72,30 @@ def test_goals_are_judged_per_cell_against_vllm_and_the_roofline_at_sixty_percen
 def test_the_hog_is_off_unless_asked() -> None:
     assert not parse_args(["--label", "x"]).hog
     assert parse_args(["--label", "x", "--hog"]).hog
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_servers_start_in_the_order_asked_and_stop_in_reverse(reverse: bool) -> None:
+    """On a shared VM the server started first has run slower: a run can start vLLM first."""
+    events: list[str] = []
+
+    def starter(name: str) -> Callable[[], contextlib.AbstractContextManager[Target]]:
+        @contextlib.contextmanager
+        def start() -> Iterator[Target]:
+            events.append(f"start {name}")
+            yield Target(name, f"http://{name}", "smollm2")
+            events.append(f"stop {name}")
+
+        return start
+
+    names = ["ours", "before", "vllm"]
+    with contextlib.ExitStack() as stack:
+        targets = start_all(stack, [starter(n) for n in names], reverse)
+        assert [t.name for t in targets] == names  # the rows keep their order
+    order = names[::-1] if reverse else names
+    assert events == [f"start {n}" for n in order] + [f"stop {n}" for n in order[::-1]]
+
+
+def test_start_reversed_is_off_unless_asked() -> None:
+    assert not parse_args(["--label", "x"]).start_reversed
+    assert parse_args(["--label", "x", "--start-reversed"]).start_reversed
