@@ -141,7 +141,7 @@ def write(path: Path, label: str, entry: Mapping[str, Any]) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--label", required=True, help="the run's key in the results file")
     p.add_argument("--emulate-avx2", action="store_true", help="both servers capped to AVX2")
     p.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"])

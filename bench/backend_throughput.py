@@ -250,7 +250,7 @@ def write_results(
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--vllm", action="store_true", help="start vLLM from .venv-vllm")
     which.add_argument("--backend", action="store_true", help="start kvfence's own backend")

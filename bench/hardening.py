@@ -371,7 +371,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--label", default="after")
     parser.add_argument("--rounds", type=int, default=3, help="SIGKILL rounds")
     parser.add_argument("--only", nargs="*", help="sections to run (default: all)")

@@ -72,7 +72,7 @@ def measure(env: dict[str, str], steps: int, runs: int, threads: int) -> dict[st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--spins", default="5000,20000")

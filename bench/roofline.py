@@ -82,7 +82,7 @@ def measure(loaded: LoadedModel, steps: int, runs: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=2)

@@ -107,7 +107,7 @@ def profiles(runner: ModelRunner, loaded: LoadedModel) -> dict[str, list[dict[st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")

@@ -90,7 +90,7 @@ def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compare", metavar="REV", help="also the code of REV, alternated")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4])

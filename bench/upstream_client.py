@@ -154,7 +154,7 @@ def _scenario(kind: str, requests: int, rounds: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=4000, help="per round and client")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=OUT)

@@ -235,7 +235,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="runs per leaky class")
     parser.add_argument("--rounds", type=int, default=30, help="rounds per honest server")
     parser.add_argument("--null-rounds", type=int, default=10000, help="simulated timing rounds")

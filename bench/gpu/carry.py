@@ -200,7 +200,7 @@ def _sha256(path: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
     packer = sub.add_parser("pack", help="fill .carry/ here: wheels and model parts")
     packer.add_argument("--model", default="smollm2", help="smollm2 or a .gguf file")

@@ -221,7 +221,7 @@ def main() -> None:
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2", help="smollm2, a .gguf file or an HF directory")
     p.add_argument("--hf-model", default=None, help="transformers' copy (default: --model's file)")
     p.add_argument("--device", default="cuda")
